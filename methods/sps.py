@@ -1,0 +1,117 @@
+"""SpS: classic speculative sampling with a smaller draft model sharing the target's tokenizer.
+
+The draft model keeps its own KV cache over the committed prefix; each call feeds the committed
+tokens it has not seen, drafts a chain of ``gamma`` tokens (argmax at T = 0, else sampled from
+the draft distribution, whose rows go into the tree as q), and the engine verifies the chain with
+rejection sampling against the residual (rule C with one child per node).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specbench import kvcache
+from specbench.drafter import DecodeState, Drafter, VerifyResult
+from specbench.errors import SpecbenchError
+from specbench.target import Target, load_causal_lm
+from specbench.tree import DraftTree, SiblingKind
+from specbench.verify import logits_to_probs
+
+# Draft models shipped with the project, per embedded target name.
+SHIPPED_DRAFTS = {"smollm2-135m": Path(__file__).resolve().parent.parent / "drafters" / "smollm2-135m" / "sps"}
+
+
+@dataclass
+class SpSOptions:
+    draft: str = ""  # draft model: folder, .gguf, or hub id; empty = the shipped one for the target
+    gamma: int = 5  # chain length
+    dtype: str = ""  # draft dtype; empty = the target's
+
+
+def check_same_vocabulary(target_tok, draft_tok, target_vocab: int, draft_vocab: int, draft_name: str) -> None:
+    """Refuse a draft model whose token ids do not mean the same as the target's."""
+    if target_tok is not None and draft_tok is not None:
+        if target_tok.get_vocab() != draft_tok.get_vocab():
+            raise SpecbenchError(f"draft model {draft_name!r} has a different vocabulary from the target; "
+                                 "SpS needs a draft model with the same tokenizer")
+        for attr in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id"):
+            t, d = getattr(target_tok, attr, None), getattr(draft_tok, attr, None)
+            if t is not None and d is not None and t != d:
+                raise SpecbenchError(f"draft model {draft_name!r} has {attr}={d} but the target has {t}; "
+                                     "SpS needs identical special tokens")
+    elif draft_vocab < target_vocab:
+        raise SpecbenchError(f"draft model {draft_name!r} has {draft_vocab} output rows, fewer than the target's "
+                             f"{target_vocab}; SpS needs the same vocabulary")
+
+
+class SpSDrafter(Drafter):
+    name = "sps"
+    Options = SpSOptions
+
+    def __init__(self, options: SpSOptions | None = None, model=None, tokenizer=None) -> None:
+        super().__init__(options)
+        if self.options.gamma < 1:
+            raise SpecbenchError(f"sps: gamma must be >= 1, got {self.options.gamma}")
+        self.model, self.tokenizer = model, tokenizer
+
+    def setup(self, target: Target) -> None:
+        super().setup(target)
+        if self.model is None:
+            spec = self.options.draft or str(SHIPPED_DRAFTS.get(target.name, ""))
+            if not spec or (spec == str(SHIPPED_DRAFTS.get(target.name)) and not Path(spec).exists()):
+                raise SpecbenchError(f"sps needs a draft model for target {target.name!r}; pass --opt draft=PATH_OR_HUB_ID "
+                                     "(same tokenizer as the target)")
+            self.model, self.tokenizer = load_causal_lm(spec, self.options.dtype or target.dtype, str(target.device),
+                                                        target.attn_implementation)
+        self.model.eval()
+        draft_vocab = self.model.get_output_embeddings().weight.shape[0]
+        check_same_vocabulary(target.tokenizer, self.tokenizer, target.vocab_size, draft_vocab,
+                              self.options.draft or "draft")
+        self.vocab = target.vocab_size  # draft rows beyond the target's vocabulary are padding
+        self.device = next(self.model.parameters()).device
+
+    def begin(self, state: DecodeState, prefill) -> None:
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache()
+        self.cached: list[int] = []  # token ids whose keys/values are in self.cache
+
+    def _logits(self, ids: list[int], start: int, state: DecodeState) -> torch.Tensor:
+        x = torch.tensor([ids], device=self.device)
+        pos = torch.arange(start, start + len(ids), device=self.device).unsqueeze(0)
+        with torch.inference_mode(), state.timer.forward("drafter"):
+            out = self.model(input_ids=x, position_ids=pos, past_key_values=self.cache, use_cache=True)
+        return out.logits[0, -1, : self.vocab]
+
+    def propose(self, state: DecodeState) -> DraftTree:
+        committed = state.tokens
+        # Reuse the longest cached prefix that is still committed; always re-feed >= 1 token.
+        keep = 0
+        limit = min(len(self.cached), len(committed) - 1)
+        while keep < limit and self.cached[keep] == committed[keep]:
+            keep += 1
+        kvcache.truncate(self.cache, keep)
+        feed, start = committed[keep:], keep
+        drafts, qs = [], []
+        sampled = not state.params.greedy
+        for _ in range(self.options.gamma):
+            logits = self._logits(feed, start, state)
+            if sampled:
+                q = logits_to_probs(logits.unsqueeze(0), state.params)[0]
+                token = int(torch.multinomial(q, 1, generator=state.generator))
+                qs.append(q)
+            else:
+                token = int(logits.argmax())
+            start += len(feed)
+            drafts.append(token)
+            feed = [token]
+        self.cached = committed + drafts[:-1]
+        if sampled:
+            return DraftTree.chain(drafts, q=torch.stack(qs), kind=SiblingKind.SAMPLED_IID)
+        return DraftTree.chain(drafts)
+
+    def observe(self, state: DecodeState, result: VerifyResult) -> None:
+        pass  # the cache is cropped lazily to the committed prefix at the next propose

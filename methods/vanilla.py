@@ -1,0 +1,16 @@
+"""Vanilla decoding: no drafter. Every verify call carries only the bonus token, through the
+same engine, cache code and clock as every method, so speedups compare like with like."""
+
+from __future__ import annotations
+
+from specbench.drafter import DecodeState, Drafter
+from specbench.tree import DraftTree
+
+_EMPTY = DraftTree.empty()
+
+
+class VanillaDrafter(Drafter):
+    name = "vanilla"
+
+    def propose(self, state: DecodeState) -> DraftTree:
+        return _EMPTY

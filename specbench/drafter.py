@@ -1,0 +1,176 @@
+"""The Drafter protocol and the method registry.
+
+A method is a ``Drafter`` subclass registered under the entry-point group ``specbench.methods``
+(see pyproject.toml); adding a method touches no core file. Options are a dataclass so that
+``--opt key=value`` strings are validated and typed in one place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+from specbench.errors import SpecbenchError
+from specbench.timing import NullTimer, PhaseTimer
+from specbench.tree import DraftTree
+from specbench.verify import SamplingParams
+
+if TYPE_CHECKING:
+    from specbench.target import Target, TargetOutput
+
+ENTRY_POINT_GROUP = "specbench.methods"
+
+
+@dataclass
+class DecodeState:
+    """What a drafter may read during one generation. ``tokens`` are all committed ids
+    (prompt + generated); the last one is the bonus token, which the target has not cached."""
+
+    tokens: list[int]
+    prompt_len: int
+    params: SamplingParams
+    generator: torch.Generator | None = None
+    timer: PhaseTimer = field(default_factory=NullTimer)
+
+    @property
+    def bonus(self) -> int:
+        return self.tokens[-1]
+
+
+@dataclass
+class VerifyResult:
+    """What the verifier tells the drafter after each call."""
+
+    tree: DraftTree
+    accepted: list[int]  # node indices of the accepted path, in depth order
+    committed: list[int]  # tokens appended this call: accepted tokens then the bonus
+    bonus: int
+    logits: torch.Tensor  # target logits of every verify row [root, nodes...]
+    taps: dict[int, torch.Tensor]  # requested taps of the kept rows [root, accepted...]
+    stop_row: int  # verify row whose distribution produced the bonus (the rejection point)
+
+
+@dataclass
+class NoOptions:
+    """For methods without options."""
+
+
+class Drafter:
+    """Base class: override what your method needs.
+
+    setup(target)                once per run, after options are parsed
+    begin(state, prefill)        once per prompt turn, after the target's prefill
+    propose(state) -> DraftTree  each decode iteration (timed as drafting)
+    observe(state, result)       after each verify (timed as drafting)
+    end(state)                   after the turn
+    """
+
+    name: ClassVar[str] = ""
+    Options: ClassVar[type] = NoOptions
+    taps: tuple[int, ...] = ()  # hidden_states indices of the target this drafter reads
+
+    def __init__(self, options: Any = None) -> None:
+        self.options = options if options is not None else self.Options()
+
+    def setup(self, target: "Target") -> None:
+        self.target = target
+
+    def begin(self, state: DecodeState, prefill: "TargetOutput") -> None:
+        pass
+
+    def propose(self, state: DecodeState) -> DraftTree:
+        raise NotImplementedError
+
+    def observe(self, state: DecodeState, result: VerifyResult) -> None:
+        pass
+
+    def end(self, state: DecodeState) -> dict:
+        """Return drafter-specific statistics to store in the record's ``extra``."""
+        return {}
+
+
+# ---- registry --------------------------------------------------------------------------------
+_LOCAL: dict[str, type[Drafter]] = {}
+
+
+def register(name: str):
+    """Register a drafter class in-process (tests, notebooks); packages use entry points."""
+
+    def wrap(cls: type[Drafter]) -> type[Drafter]:
+        cls.name = name
+        _LOCAL[name] = cls
+        return cls
+
+    return wrap
+
+
+def available_methods() -> dict[str, str]:
+    """name -> 'module:Class' for every registered method."""
+    found = {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    found.update({name: f"{cls.__module__}:{cls.__qualname__}" for name, cls in _LOCAL.items()})
+    return dict(sorted(found.items()))
+
+
+def unknown_name_error(kind: str, name: str, known: list[str], how_to_list: str) -> SpecbenchError:
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return SpecbenchError(f"unknown {kind} {name!r}; {hint}see `{how_to_list}` (known: {', '.join(known)})")
+
+
+def method_class(name: str) -> type[Drafter]:
+    if name in _LOCAL:
+        return _LOCAL[name]
+    eps = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    if name not in eps:
+        raise unknown_name_error("method", name, sorted(available_methods()), "specbench list methods")
+    cls = eps[name].load()
+    cls.name = name
+    return cls
+
+
+def _cast(text: str, annotation: Any) -> Any:
+    """Convert an option string to the field's annotated type (annotations may be strings)."""
+    kind = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+    kind = kind.replace("Optional[", "").replace("]", "").replace(" ", "")
+    optional = "None" in kind
+    kind = kind.replace("|None", "").replace("None|", "")
+    if optional and text.lower() == "none":
+        return None
+    if kind == "bool":
+        if text.lower() in ("1", "true", "yes", "on"):
+            return True
+        if text.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"expected true or false, got {text!r}")
+    if kind.startswith(("list[int", "tuple[int")):
+        return [int(x) for x in text.split(",") if x.strip()]
+    if kind.startswith(("list[float", "tuple[float")):
+        return [float(x) for x in text.split(",") if x.strip()]
+    if kind.startswith(("list", "tuple")):
+        return [x.strip() for x in text.split(",") if x.strip()]
+    return {"int": int, "float": float}.get(kind, str)(text)
+
+
+def parse_options(cls: type[Drafter], raw: dict[str, Any]) -> Any:
+    """Build ``cls.Options`` from strings, naming the valid keys on a typo."""
+    valid = {f.name: f for f in dataclasses.fields(cls.Options)}
+    values = {}
+    for key, value in raw.items():
+        if key not in valid:
+            known = ", ".join(valid) or "none"
+            raise SpecbenchError(f"method {cls.name!r} has no option {key!r}; its options are: {known}")
+        try:
+            values[key] = _cast(value, valid[key].type) if isinstance(value, str) else value
+        except ValueError as exc:
+            raise SpecbenchError(f"option {key}={value!r} for {cls.name!r}: {exc}") from None
+    return cls.Options(**values)
+
+
+def create_drafter(name: str, options: dict[str, Any] | None = None) -> Drafter:
+    cls = method_class(name)
+    return cls(parse_options(cls, options or {}))

