@@ -8,14 +8,13 @@ A method is a ``Drafter`` subclass registered under the entry-point group ``spec
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from specbench.errors import SpecbenchError
+from specbench.errors import SpecbenchError, unknown_name_error
 from specbench.timing import NullTimer, PhaseTimer
 from specbench.tree import DraftTree
 from specbench.verify import SamplingParams
@@ -114,12 +113,6 @@ def available_methods() -> dict[str, str]:
     found = {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
     found.update({name: f"{cls.__module__}:{cls.__qualname__}" for name, cls in _LOCAL.items()})
     return dict(sorted(found.items()))
-
-
-def unknown_name_error(kind: str, name: str, known: list[str], how_to_list: str) -> SpecbenchError:
-    close = difflib.get_close_matches(name, known, n=1)
-    hint = f"did you mean {close[0]!r}? " if close else ""
-    return SpecbenchError(f"unknown {kind} {name!r}; {hint}see `{how_to_list}` (known: {', '.join(known)})")
 
 
 def method_class(name: str) -> type[Drafter]:

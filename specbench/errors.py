@@ -1,5 +1,14 @@
 """User-facing errors: raised at the edges (loaders, CLI), printed as one line, exit code 2."""
 
+import difflib
+
 
 class SpecbenchError(Exception):
     """A problem the user can fix; the message says what to do."""
+
+
+def unknown_name_error(kind: str, name: str, known: list[str], how_to_list: str) -> SpecbenchError:
+    """'unknown bench 'humanevl'; did you mean 'humaneval'? see `specbench list benches` ...'"""
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return SpecbenchError(f"unknown {kind} {name!r}; {hint}see `{how_to_list}` (known: {', '.join(known)})")
