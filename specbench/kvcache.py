@@ -23,6 +23,7 @@ def _compact(t: torch.Tensor, start: int, rows: torch.Tensor | None, new_len: in
     return t
 
 
+@torch.inference_mode()  # caches filled under inference_mode may only be edited inside it
 def compact(cache, start: int, rows: torch.Tensor | None, new_len: int) -> None:
     """Keep positions [0, start) plus, at start.., the speculative ``rows`` (offsets from start);
     ``rows=None`` is a plain truncation to ``new_len``."""
