@@ -26,7 +26,9 @@ SHIPPED_DRAFTS = {"smollm2-135m": Path(__file__).resolve().parent.parent / "draf
 
 @dataclass
 class SpSOptions:
-    draft: str = ""  # draft model: folder, .gguf, or hub id; empty = the shipped one for the target
+    # Draft model: a folder, .gguf file or hub id; "truncated:N" = the target's first N layers
+    # (untrained, weak: a starting point for distillation); empty = the shipped one for the target.
+    draft: str = ""
     gamma: int = 5  # chain length
     dtype: str = ""  # draft dtype; empty = the target's
 
@@ -47,6 +49,24 @@ def check_same_vocabulary(target_tok, draft_tok, target_vocab: int, draft_vocab:
                              f"{target_vocab}; SpS needs the same vocabulary")
 
 
+def truncated_copy(target: Target, spec: str):
+    """A draft model made of the target's first N decoder layers, its final norm and lm_head."""
+    import copy
+
+    try:
+        n = int(spec.split(":", 1)[1])
+    except ValueError:
+        raise SpecbenchError(f"sps: draft={spec!r} must be truncated:N with an integer N") from None
+    if not 1 <= n < target.num_layers:
+        raise SpecbenchError(f"sps: truncated:N needs 1 <= N < {target.num_layers} (the target's layers)")
+    model = copy.deepcopy(target.model)
+    model.model.layers = model.model.layers[:n]
+    model.config.num_hidden_layers = n
+    if getattr(model.config, "layer_types", None):
+        model.config.layer_types = model.config.layer_types[:n]
+    return model
+
+
 class SpSDrafter(Drafter):
     name = "sps"
     Options = SpSOptions
@@ -59,7 +79,9 @@ class SpSDrafter(Drafter):
 
     def setup(self, target: Target) -> None:
         super().setup(target)
-        if self.model is None:
+        if self.model is None and self.options.draft.startswith("truncated:"):
+            self.model, self.tokenizer = truncated_copy(target, self.options.draft), target.tokenizer
+        elif self.model is None:
             spec = self.options.draft or str(SHIPPED_DRAFTS.get(target.name, ""))
             if not spec or (spec == str(SHIPPED_DRAFTS.get(target.name)) and not Path(spec).exists()):
                 raise SpecbenchError(f"sps needs a draft model for target {target.name!r}; pass --opt draft=PATH_OR_HUB_ID "

@@ -82,16 +82,22 @@ def _load_gguf(path: Path, dtype: torch.dtype, attn_implementation: str):
     return _load_folder_or_hub(str(cached), dtype, attn_implementation)
 
 
+def _dtype_keyword() -> str:
+    import transformers
+
+    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"  # renamed in 4.56
+
+
+_DTYPE_KW = _dtype_keyword()
+
+
 def _load_folder_or_hub(spec: str, dtype: torch.dtype, attn_implementation: str):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(spec)
     kwargs = {"attn_implementation": attn_implementation}
-    dtype_kw = "dtype" if "dtype" in inspect.signature(AutoModelForCausalLM.from_pretrained).parameters else "torch_dtype"
-    try:
-        model = AutoModelForCausalLM.from_pretrained(spec, **{dtype_kw: dtype}, **kwargs)
-    except TypeError:  # older transformers: only torch_dtype
-        model = AutoModelForCausalLM.from_pretrained(spec, torch_dtype=dtype, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(spec, **{_DTYPE_KW: dtype}, **kwargs)
     return model, tokenizer
 
 

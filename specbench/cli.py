@@ -1,0 +1,162 @@
+"""The `specbench` command line. User errors print one line and exit with code 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from specbench.errors import SpecbenchError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Fair, lossless benchmarking of speculative-decoding drafters.")
+list_app = typer.Typer(no_args_is_help=True, help="List methods, benchmarks or models.")
+app.add_typer(list_app, name="list")
+# Tables stay readable when piped (rich assumes 80 columns off a terminal).
+console = Console(width=None if sys.stdout.isatty() else 140)
+err = Console(stderr=True)
+
+
+def _parse_opts(opts: list[str], config: Optional[Path]) -> dict:
+    options: dict = {}
+    if config is not None:
+        if not config.is_file():
+            raise SpecbenchError(f"config file {config} does not exist")
+        text = config.read_text()
+        if config.suffix in (".yaml", ".yml"):
+            import yaml
+
+            options.update(yaml.safe_load(text) or {})
+        else:
+            options.update(json.loads(text))
+    for opt in opts:
+        if "=" not in opt:
+            raise SpecbenchError(f"--opt expects key=value, got {opt!r}")
+        key, value = opt.split("=", 1)
+        options[key.strip().replace("-", "_")] = value.strip()
+    return options
+
+
+@app.command()
+def run(
+    method: str = typer.Option(..., "--method", "-m", help="Method name (see `specbench list methods`)."),
+    bench: str = typer.Option(..., "--bench", "-b", help="Benchmark name or a .jsonl file."),
+    target: str = typer.Option("smollm2-135m", help="Target: smollm2-135m, a .gguf file, a model folder or a hub id."),
+    temperature: float = typer.Option(0.0, help="0 = greedy; > 0 samples (lossless either way)."),
+    top_k: int = typer.Option(0, help="Top-k filter at T > 0 (0 = off)."),
+    top_p: float = typer.Option(1.0, help="Top-p filter at T > 0 (1 = off)."),
+    max_new_tokens: int = typer.Option(128, help="New tokens per turn (cut at EOS)."),
+    limit: Optional[int] = typer.Option(None, help="First N prompts."),
+    sample: Optional[int] = typer.Option(None, help="N prompts drawn with --seed (deterministic)."),
+    category: Optional[str] = typer.Option(None, help="Category (spec_bench, mt_bench) or pair (wmt23)."),
+    seed: int = typer.Option(0, help="Seed for --sample and for sampling at T > 0."),
+    baseline: str = typer.Option("vanilla", help="vanilla (interleaved, same process) or none."),
+    out: Optional[Path] = typer.Option(None, help="Results file (default results/<method>_<bench>_<target>_T<t>.jsonl)."),
+    resume: bool = typer.Option(False, help="Continue an interrupted run in --out, skipping finished turns."),
+    overwrite: bool = typer.Option(False, help="Replace an existing results file."),
+    opt: list[str] = typer.Option([], "--opt", help="Method option key=value (repeatable)."),
+    config: Optional[Path] = typer.Option(None, help="YAML/JSON file of method options."),
+    label: Optional[str] = typer.Option(None, help="Method label in records and tables (default: method name)."),
+    dtype: str = typer.Option("bfloat16", help="float32 for exactness checks, bfloat16 for speed."),
+    device: str = typer.Option("cuda" if os.environ.get("CUDA_VISIBLE_DEVICES") else "cpu", help="cpu or cuda."),
+    attn: str = typer.Option("sdpa", help="Attention implementation of the target: sdpa or eager."),
+    data_dir: Optional[str] = typer.Option(None, help="Folder of benchmark JSONL files (else $SPECBENCH_DATA)."),
+    system_prompt: Optional[str] = typer.Option(None, help="System prompt for the chat template."),
+    on_long_prompt: str = typer.Option("skip", help="skip (with a warning) or fail on prompts past the context."),
+    warmup: bool = typer.Option(True, help="Run and discard one short generation per side first."),
+) -> None:
+    """Run METHOD on BENCH with the vanilla baseline interleaved; print the summary table."""
+    from specbench.runner import RunConfig, Runner, summary_table
+
+    cfg = RunConfig(method=method, bench=bench, options=_parse_opts(opt, config), label=label, target=target,
+                    dtype=dtype, device=device, attn_implementation=attn, temperature=temperature, top_k=top_k,
+                    top_p=top_p, max_new_tokens=max_new_tokens, seed=seed, baseline=baseline, limit=limit,
+                    sample=sample, category=category, data_dir=data_dir, system_prompt=system_prompt,
+                    on_long_prompt=on_long_prompt, out=str(out) if out else None, resume=resume,
+                    overwrite=overwrite, warmup=warmup)
+    runner = Runner(cfg, err)
+    records = runner.run()
+    console.print(summary_table(records, temperature))
+    if runner.skipped:
+        err.print(f"[yellow]skipped {len(runner.skipped)} prompt(s) past the context window[/]")
+    console.print(f"records: {runner.store.path}")
+
+
+@list_app.command("methods")
+def list_methods() -> None:
+    """Registered drafting methods (entry-point group specbench.methods)."""
+    from specbench.drafter import available_methods
+
+    table = Table("method", "implementation")
+    for name, where in available_methods().items():
+        table.add_row(name, where)
+    console.print(table)
+
+
+@list_app.command("benches")
+def list_benches(data_dir: Optional[str] = typer.Option(None, help="Folder of benchmark JSONL files.")) -> None:
+    """Benchmarks, their expected size, and the source each would load from."""
+    from specbench.benchmarks import data_dir as resolve_dir, list_benchmarks, resolve_source
+
+    table = Table("bench", "paper", "prompts", "turns", "source", "from")
+    folder = resolve_dir(data_dir)
+    for card in list_benchmarks():
+        kind, where = resolve_source(card.name, folder)
+        table.add_row(card.name, "yes" if card.paper_benchmark else "", str(card.expected_count), str(card.turns),
+                      kind, where)
+    console.print(table)
+
+
+@list_app.command("models")
+def list_models() -> None:
+    """Targets that work offline, and how to name any other."""
+    from specbench.target import DEFAULT_TARGET, embedded_gguf
+
+    table = Table("target", "where", "status")
+    try:
+        table.add_row(DEFAULT_TARGET, str(embedded_gguf(DEFAULT_TARGET)), "installed (default)")
+    except SpecbenchError as exc:
+        table.add_row(DEFAULT_TARGET, "-", str(exc))
+    table.add_row("<path>.gguf", "a GGUF file", "loaded through transformers + gguf")
+    table.add_row("<folder>", "a Hugging Face model folder", "config.json + weights")
+    table.add_row("<org/name>", "a Hugging Face hub id", "needs network or a local HF cache")
+    console.print(table)
+
+
+@app.command()
+def report(
+    results: list[str] = typer.Argument(None, help="Result files or globs (default results/*.jsonl)."),
+    out_dir: Path = typer.Option(Path("reports"), help="Where tables and figures go."),
+    show: bool = typer.Option(False, help="Print the main table to the console."),
+) -> None:
+    """Regenerate the paper-style tables and figures from run records."""
+    from specbench import report as rep
+
+    sources = results or ["results/*.jsonl"]
+    written = rep.write_report(sources, out_dir=out_dir)
+    if show:
+        console.print(rep.rich_main_table(sources))
+    console.print(f"report: {len(written)} files in {out_dir}/ (open {out_dir}/index.html)")
+
+
+def main() -> None:
+    warnings.filterwarnings("ignore", message=".*GGUF.*")
+    try:
+        app()
+    except SpecbenchError as exc:
+        err.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        err.print("interrupted; rerun with --resume to continue")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

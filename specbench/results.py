@@ -1,0 +1,156 @@
+"""Append-only JSONL run store: a header line with the run's metadata, then one line per prompt
+turn. Every record is flushed and fsynced, so a killed run loses at most the turn in flight; a
+torn last line is ignored on read and cut off before appending."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import torch
+
+from specbench.errors import SpecbenchError
+from specbench.records import GenerationRecord
+
+RecordKey = tuple[str, str, str, int]  # method, bench, prompt_id, turn
+
+
+def config_hash(config: dict) -> str:
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def _git_sha() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=Path(__file__).parent,
+                             capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=Path(__file__).parent,
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return out.stdout.strip() + ("-dirty" if dirty else "") if out.returncode == 0 else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _versions() -> dict[str, str]:
+    found = {"python": sys.version.split()[0]}
+    for pkg in ("specbench", "torch", "transformers", "gguf", "datasets"):
+        try:
+            found[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    return found
+
+
+def hardware(device: torch.device | str) -> str:
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{_cpu_model()} ({torch.get_num_threads()} threads)"
+
+
+def environment_metadata(device: torch.device | str) -> dict:
+    """Where and with what a run was made (not part of the config hash)."""
+    return {"git_sha": _git_sha(), "versions": _versions(), "hardware": hardware(device), "device": str(device),
+            "cpu": _cpu_model(), "threads": torch.get_num_threads(), "platform": platform.platform()}
+
+
+def _read_lines(path: Path) -> tuple[list[dict], int]:
+    """Parsed JSON objects and the byte length of the intact part (a torn tail is dropped)."""
+    objects, good = [], 0
+    with open(path, "rb") as fh:
+        for raw in fh:
+            if not raw.endswith(b"\n"):
+                break  # torn last line: the process died mid-write
+            try:
+                objects.append(json.loads(raw))
+            except json.JSONDecodeError:
+                break
+            good += len(raw)
+    return objects, good
+
+
+def read_results(path: str | Path) -> tuple[dict, list[GenerationRecord]]:
+    """(header meta, records) of one results file."""
+    objects, _ = _read_lines(Path(path))
+    meta = next((o.get("meta", {}) for o in objects if o.get("type") == "header"), {})
+    records = [GenerationRecord.from_dict(o) for o in objects if o.get("type") == "record"]
+    return meta, records
+
+
+class RunStore:
+    """One results file: ``open`` checks resume compatibility and returns the finished keys."""
+
+    def __init__(self, path: str | Path, meta: dict, resume: bool = False, overwrite: bool = False) -> None:
+        self.path = Path(path)
+        self.meta = meta
+        self.done: dict[RecordKey, GenerationRecord] = {}
+        if self.path.exists() and self.path.stat().st_size > 0:
+            if resume:
+                self._load_existing()
+            elif not overwrite:
+                raise SpecbenchError(f"{self.path} already exists; pass --resume to continue it, "
+                                     "--overwrite to replace it, or a new --out")
+            else:
+                self.path.unlink()
+        elif resume:
+            pass  # nothing to resume: start fresh
+        self._open()
+
+    def _load_existing(self) -> None:
+        objects, good = _read_lines(self.path)
+        header = next((o for o in objects if o.get("type") == "header"), None)
+        if header is None:
+            raise SpecbenchError(f"{self.path} has no header line; it is not a specbench results file")
+        theirs, ours = header["meta"].get("config_hash"), self.meta.get("config_hash")
+        if theirs != ours:
+            raise SpecbenchError(f"{self.path} was written by a different configuration (config {theirs}, now {ours}); "
+                                 "rerun with the same options or write to a new --out")
+        for o in objects:
+            if o.get("type") == "record":
+                r = GenerationRecord.from_dict(o)
+                self.done[(r.method, r.bench, r.prompt_id, r.turn)] = r
+        with open(self.path, "r+b") as fh:  # drop a torn tail so appends start on a fresh line
+            fh.truncate(good)
+
+    def _open(self) -> None:
+        # Opened now so an unwritable path fails before any model loads; the header is written
+        # by ``start`` once the environment (hardware, versions) is known.
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.fresh = not self.path.exists() or self.path.stat().st_size == 0
+            self.fh = open(self.path, "a", encoding="utf-8")
+        except OSError as exc:
+            raise SpecbenchError(f"cannot write results to {self.path} ({exc.strerror}); pass a writable --out") from None
+
+    def start(self, environment: dict) -> None:
+        self.meta.update(environment)
+        if self.fresh:
+            self._write({"type": "header", "meta": self.meta})
+            self.fresh = False
+
+    def _write(self, obj: dict) -> None:
+        self.fh.write(json.dumps(obj, ensure_ascii=False, default=str) + "\n")
+        self.fh.flush()
+        os.fsync(self.fh.fileno())
+
+    def append(self, record: GenerationRecord) -> None:
+        self._write({"type": "record", **record.to_dict()})
+        self.done[(record.method, record.bench, record.prompt_id, record.turn)] = record
+
+    def close(self) -> None:
+        self.fh.close()

@@ -1,0 +1,199 @@
+"""`specbench run`: one method and the vanilla baseline on one benchmark, interleaved prompt by
+prompt in one process, every finished turn appended to a results file that a rerun resumes."""
+
+from __future__ import annotations
+
+import warnings
+import zlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from specbench import metrics
+from specbench.benchmarks import Prompt, load_benchmark
+from specbench.drafter import Drafter, method_class, parse_options
+from specbench.engine import GenerationConfig, generate
+from specbench.errors import SpecbenchError
+from specbench.prompts import render_chat
+from specbench.records import GenerationRecord
+from specbench.results import RunStore, config_hash, environment_metadata
+from specbench.target import DEFAULT_TARGET, Target
+from specbench.verify import SamplingParams
+
+BASELINE = "vanilla"
+TREE_SLACK = 128  # room for a draft tree past max_new_tokens when checking the context window
+
+
+@dataclass
+class RunConfig:
+    method: str
+    bench: str
+    options: dict = field(default_factory=dict)
+    label: str | None = None
+    target: str = DEFAULT_TARGET
+    dtype: str = "bfloat16"
+    device: str = "cpu"
+    attn_implementation: str = "sdpa"
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    max_new_tokens: int = 128
+    seed: int = 0
+    baseline: str = BASELINE  # "vanilla" or "none"
+    limit: int | None = None
+    sample: int | None = None
+    category: str | None = None
+    data_dir: str | None = None
+    system_prompt: str | None = None
+    on_long_prompt: str = "skip"  # or "fail"
+    out: str | None = None
+    resume: bool = False
+    overwrite: bool = False
+    warmup: bool = True
+
+    @property
+    def method_label(self) -> str:
+        return self.label or self.method
+
+    def identity(self) -> dict:
+        """What determines the records (limit/sample/out/resume do not: a resume may extend a run)."""
+        keep = ("method", "bench", "options", "target", "dtype", "device", "attn_implementation", "temperature",
+                "top_k", "top_p", "max_new_tokens", "seed", "baseline", "category", "system_prompt")
+        ident = {k: v for k, v in asdict(self).items() if k in keep}
+        ident["label"] = self.method_label
+        return ident
+
+
+def validate(cfg: RunConfig) -> None:
+    if cfg.limit is not None and cfg.limit < 1:
+        raise SpecbenchError(f"--limit must be >= 1 (got {cfg.limit}); omit it to run every prompt")
+    if cfg.temperature < 0:
+        raise SpecbenchError(f"--temperature must be >= 0 (got {cfg.temperature}); 0 is greedy")
+    if cfg.max_new_tokens < 1:
+        raise SpecbenchError(f"--max-new-tokens must be >= 1 (got {cfg.max_new_tokens})")
+    if cfg.baseline not in (BASELINE, "none"):
+        raise SpecbenchError(f"--baseline must be 'vanilla' or 'none' (got {cfg.baseline!r})")
+    if cfg.on_long_prompt not in ("skip", "fail"):
+        raise SpecbenchError(f"--on-long-prompt must be 'skip' or 'fail' (got {cfg.on_long_prompt!r})")
+    try:
+        SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
+    except ValueError as exc:
+        raise SpecbenchError(str(exc)) from None
+
+
+def default_out(cfg: RunConfig) -> Path:
+    target = Path(cfg.target).name.replace(".gguf", "")
+    return Path("results") / f"{cfg.method_label}_{Path(cfg.bench).stem}_{target}_T{cfg.temperature:g}.jsonl"
+
+
+def record_seed(seed: int, prompt_id: str, turn: int) -> int:
+    """A per-turn seed, so each record is reproducible on its own (resumed runs included)."""
+    return (seed * 1_000_003 + zlib.crc32(f"{prompt_id}#{turn}".encode())) % (2**31)
+
+
+class Runner:
+    def __init__(self, cfg: RunConfig, console: Console | None = None) -> None:
+        validate(cfg)
+        self.cfg = cfg
+        self.console = console or Console(stderr=True)
+        method_cls = method_class(cfg.method)
+        self.method_options = parse_options(method_cls, cfg.options)
+        self.prompts: list[Prompt] = load_benchmark(cfg.bench, cfg.data_dir, limit=cfg.limit, sample=cfg.sample,
+                                                    seed=cfg.seed, category=cfg.category)
+        self.bench = self.prompts[0].bench if self.prompts else Path(cfg.bench).stem
+        meta = {**cfg.identity(), "method_options": asdict(self.method_options), "config_hash": config_hash(cfg.identity())}
+        self.store = RunStore(cfg.out or default_out(cfg), meta, resume=cfg.resume, overwrite=cfg.overwrite)
+        self.target = Target.load(cfg.target, cfg.dtype, cfg.device, cfg.attn_implementation)
+        self.store.start(environment_metadata(self.target.device))
+        self.drafter: Drafter = method_cls(self.method_options)
+        self.drafter.setup(self.target)
+        self.sides: list[tuple[str, Drafter]] = [(cfg.method_label, self.drafter)]
+        if cfg.baseline == BASELINE and cfg.method != BASELINE:
+            baseline = method_class(BASELINE)()
+            baseline.setup(self.target)
+            self.sides.append((BASELINE, baseline))
+        self.sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
+        self.skipped: list[str] = []
+
+    # ---- one prompt ------------------------------------------------------------------------
+    def _fits(self, ids: list[int], prompt: Prompt) -> bool:
+        need = len(ids) + self.cfg.max_new_tokens + TREE_SLACK
+        if need <= self.target.max_context:
+            return True
+        msg = (f"prompt {prompt.id} needs {need} tokens (prompt {len(ids)} + --max-new-tokens + {TREE_SLACK} tree slack) "
+               f"but the target's context is {self.target.max_context}")
+        if self.cfg.on_long_prompt == "fail":
+            raise SpecbenchError(msg + "; pass --on-long-prompt skip or lower --max-new-tokens")
+        warnings.warn(msg + "; skipped")
+        return False
+
+    def _run_side(self, label: str, drafter: Drafter, prompt: Prompt) -> None:
+        messages: list[dict] = []
+        for turn, user in enumerate(prompt.turns):
+            messages.append({"role": "user", "content": user})
+            key = (label, self.bench, prompt.id, turn)
+            record = self.store.done.get(key)
+            if record is None:
+                ids = render_chat(self.target.tokenizer, messages, self.cfg.system_prompt)
+                if not self._fits(ids, prompt):
+                    self.skipped.append(prompt.id)
+                    return
+                seed = record_seed(self.cfg.seed, prompt.id, turn)
+                config = GenerationConfig(self.cfg.max_new_tokens, self.sampling, seed)
+                record = generate(self.target, drafter, ids, config, method=label)
+                record.bench, record.prompt_id, record.turn = self.bench, prompt.id, turn
+                record.config_hash = self.store.meta["config_hash"]
+                self.store.append(record)
+            # Later turns see this side's own earlier answers (MT-Bench's second turn).
+            answer = self.target.tokenizer.decode(record.new_tokens, skip_special_tokens=True)
+            messages.append({"role": "assistant", "content": answer})
+
+    def _warmup(self) -> None:
+        """One short generation per side, discarded: first calls pay for allocation and kernels."""
+        ids = render_chat(self.target.tokenizer, [{"role": "user", "content": self.prompts[0].turns[0]}],
+                          self.cfg.system_prompt)
+        if len(ids) + 16 + TREE_SLACK > self.target.max_context:
+            return
+        for _, drafter in self.sides:
+            generate(self.target, drafter, ids, GenerationConfig(16, self.sampling, 0))
+
+    def run(self) -> list[GenerationRecord]:
+        if self.cfg.warmup and self.prompts:
+            self._warmup()
+        columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
+        with Progress(*columns, console=self.console, transient=False) as progress:
+            task = progress.add_task(f"{self.cfg.method_label} on {self.bench}", total=len(self.prompts))
+            for i, prompt in enumerate(self.prompts):
+                # Alternate which side goes first so slow drift does not favour either.
+                order = self.sides if i % 2 == 0 else self.sides[::-1]
+                for label, drafter in order:
+                    self._run_side(label, drafter, prompt)
+                progress.advance(task)
+        self.store.close()
+        return list(self.store.done.values())
+
+
+def summary_table(records: list[GenerationRecord], temperature: float) -> Table:
+    """τ, tokens/s, speedups, T_D% and greedy match per bench and method."""
+    table = Table(title="specbench summary", show_lines=False)
+    for col in ("bench", "method", "turns", "τ", "tok/s", "speedup", "decode-only", "T_D%", "greedy match"):
+        table.add_column(col, justify="left" if col in ("bench", "method") else "right")
+    benches = sorted({r.bench for r in records})
+    for bench in benches:
+        rows = [r for r in records if r.bench == bench]
+        base = [r for r in rows if r.method == BASELINE]
+        for method in sorted({r.method for r in rows}, key=lambda m: (m != BASELINE, m)):
+            ours = [r for r in rows if r.method == method]
+            has_base = bool(base) and method != BASELINE
+            table.add_row(
+                bench, method, str(len(ours)), f"{metrics.tau(ours):.2f}", f"{metrics.tokens_per_second(ours):.1f}",
+                f"{metrics.speedup(ours, base):.2f}×" if has_base else "—",
+                f"{metrics.speedup(ours, base, decode_only=True):.2f}×" if has_base else "—",
+                f"{100 * metrics.draft_share(ours):.0f}%",
+                f"{100 * metrics.greedy_match_rate(ours, base):.0f}%" if has_base and temperature == 0 else "—",
+            )
+    return table

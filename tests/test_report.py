@@ -1,0 +1,282 @@
+"""Report: synthetic result files -> tables, figures and formats."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from specbench import metrics
+from specbench.errors import SpecbenchError
+from specbench.records import GenerationRecord
+from specbench.report import (DEFAULT_PAPER_NUMBERS, build_report, load_results, missing_reasons, rich_main_table,
+                              speedup_ci, tau_ci, write_report)
+from specbench.report_figures import block_figures, sweep_frame
+
+META = {"target": "smollm2-135m", "dtype": "bf16", "device": "cpu", "hardware": "AMD EPYC 9B14 (2 threads)",
+        "git_sha": "abc1234", "temperature": 0.0, "max_new_tokens": 64, "seed": 0, "config_hash": "h",
+        "method": "sps", "method_options": {}, "bench": "humaneval"}
+
+
+def drafted(method: str, bench: str, pid: str, accept: list[int], draft: float, verify: float, commit: float = 0.1,
+            prefill: float = 0.1, tokens: list[int] | None = None, tree_build: float = 0.0) -> GenerationRecord:
+    depth = max(accept) + 1
+    n_new = 1 + sum(accept) + len(accept)  # prefill's token + (accepted + bonus) per call
+    return GenerationRecord(
+        method=method, bench=bench, prompt_id=pid, new_tokens=tokens or list(range(n_new)), prompt_tokens=20,
+        stop_reason="length", times={"prefill": prefill, "draft": draft, "verify": verify, "commit": commit,
+                                     "tree_build": tree_build},
+        n_verify=len(accept), accept_lengths=accept, tree_sizes=[depth] * len(accept),
+        depth_attempts=[sum(a >= k - 1 for a in accept) for k in range(1, depth + 1)],
+        depth_accepts=[sum(a >= k for a in accept) for k in range(1, depth + 1)],
+        forwards={"drafter": depth * len(accept)}, seed=0)
+
+
+def vanilla(bench: str, pid: str, n_new: int, verify: float, prefill: float = 0.1, commit: float = 0.1):
+    return GenerationRecord(method="vanilla", bench=bench, prompt_id=pid, new_tokens=list(range(n_new)),
+                            prompt_tokens=20, stop_reason="length",
+                            times={"prefill": prefill, "draft": 0.0, "verify": verify, "commit": commit},
+                            n_verify=n_new - 1, accept_lengths=[0] * (n_new - 1), tree_sizes=[0] * (n_new - 1),
+                            depth_attempts=[], depth_accepts=[], seed=0)
+
+
+def write_jsonl(path: Path, records: list[GenerationRecord], torn: bool = False, **meta) -> Path:
+    lines = [json.dumps({"type": "header", "meta": {**META, **meta}})]
+    lines += [json.dumps({"type": "record", **r.to_dict()}) for r in records]
+    text = "\n".join(lines) + "\n"
+    if torn:
+        text += json.dumps({"type": "record", **records[0].to_dict()})[:57]  # interrupted mid-write
+    path.write_text(text)
+    return path
+
+
+BENCHES = ("humaneval", "math500", "mt_bench")
+
+
+def method_records(method: str, benches=BENCHES, quality: int = 2, draft: float = 0.2, prompts: int = 3):
+    """Deterministic but prompt-varying records so intervals have width."""
+    out = []
+    for bench in benches:
+        for i in range(prompts):
+            accept = [quality, quality - 1 + i % 2, quality + 1, i % 3]
+            out.append(drafted(method, bench, f"p{i}", accept, draft=draft + 0.01 * i, verify=0.5 + 0.05 * i,
+                               tree_build=draft / 4))
+    return out
+
+
+def vanilla_records(benches=BENCHES, prompts: int = 3, n_new: int = 14):
+    return [vanilla(b, f"p{i}", n_new + 1 + 2 * (i % 2), verify=1.2 + 0.1 * i) for b in benches for i in range(prompts)]
+
+
+@pytest.fixture
+def simple(tmp_path: Path) -> Path:
+    """sps and specblock (not on math500) against vanilla, three benches, one file."""
+    records = vanilla_records() + method_records("sps", quality=1, draft=0.3) + \
+        method_records("specblock", benches=("humaneval", "mt_bench"), quality=3, draft=0.1)
+    (tmp_path / "results").mkdir()
+    write_jsonl(tmp_path / "results" / "a.jsonl", records)
+    return tmp_path / "results"
+
+
+@pytest.fixture
+def full(simple: Path) -> Path:
+    """Adds a specblock variant family and a ddtree budget sweep in a second file of the same block."""
+    records = vanilla_records() + method_records("specblock-no-shift", benches=("humaneval", "mt_bench"), quality=2,
+                                                 draft=0.1)
+    for budget, quality in ((16, 2), (32, 3), (64, 4)):
+        records += method_records(f"ddtree@budget={budget}", quality=quality, draft=0.1 * quality)
+    write_jsonl(simple / "b.jsonl", records, method="ddtree")
+    return simple
+
+
+def test_main_table_values_equal_hand_computed(tmp_path: Path):
+    # method: 10 tokens in 0.1 + 0.2 + 0.6 + 0.2 = 1.1 s; vanilla: 10 tokens in 0.1 + 2.0 + 0.1 = 2.2 s -> 2.00x.
+    # tau = (2 + 2 + 1 + 3 bonus) / 3 calls = 2.67; T_D = 0.2 / (0.2 + 0.6 + 0.2) = 20%.
+    m = drafted("sps", "humaneval", "p0", [2, 2, 1], draft=0.2, verify=0.6, commit=0.2)
+    assert m.num_new == 9
+    m.new_tokens.append(9)  # 10 tokens
+    v = vanilla("humaneval", "p0", 10, verify=2.0)
+    src = write_jsonl(tmp_path / "one.jsonl", [v, m])
+    out = tmp_path / "out"
+    write_report(src, out, figures=False)
+    md = (out / "main_table.md").read_text()
+    assert "| sps | **2.00×** | 2.67 | **2.00×** | 2.67 | 20% |" in md
+    row = pd.read_csv(out / "main_table.csv", comment="#").iloc[0]
+    assert row.humaneval_spd == pytest.approx(2.0) and row.humaneval_tau == pytest.approx(8 / 3, abs=1e-4)
+    assert row.td_percent == pytest.approx(20.0)
+    assert row.humaneval_spd == pytest.approx(metrics.speedup([m], [v]), abs=1e-4)
+
+
+def test_missing_cell_renders_dash_with_reason(simple: Path, tmp_path: Path):
+    assert missing_reasons(build_report(simple, reps=0).cells) == {
+        ("smollm2-135m", 0.0, "specblock", "math500"): "not run on math500"}
+    write_report(simple, tmp_path / "out", figures=False)
+    md = (tmp_path / "out" / "main_table.md").read_text()
+    specblock_row = next(line for line in md.splitlines() if line.startswith("| specblock |"))
+    assert specblock_row.split(" | ")[3:5] == ["—", "—"]  # math500 Spd, tau
+    assert "specblock × math500 (smollm2-135m · T = 0): not run on math500" in md
+
+
+def test_best_speedup_is_bold(simple: Path, tmp_path: Path):
+    report = build_report(simple, reps=0)
+    cells = report.cells.set_index(["method", "bench"])
+    best = max(("sps", "specblock"), key=lambda m: cells.loc[(m, "humaneval"), "speedup"])
+    rows = report.main.sections[0][1]
+    humaneval = {row[0].text: row[1] for row in rows}
+    assert humaneval[best].bold and sum(c.bold for c in humaneval.values()) == 1
+    write_report(simple, tmp_path / "out", figures=False)
+    assert "**" in (tmp_path / "out" / "main_table.md").read_text()
+    assert r"\textbf{" in (tmp_path / "out" / "main_table.tex").read_text()
+
+
+def test_no_ablation_table_without_variants(simple: Path, tmp_path: Path):
+    assert build_report(simple, reps=0).ablation is None
+    assert not (tmp_path / "out" / "ablation_table.md").exists()
+    assert not any("ablation" in p.name for p in write_report(simple, tmp_path / "out", figures=False))
+
+
+def test_ablation_table_with_two_variants(full: Path):
+    report = build_report(full, reps=0)
+    assert [label for label, _ in report.ablation.sections] == ["smollm2-135m · T = 0 · specblock"]
+    assert [row[0].text for row in report.ablation.sections[0][1]] == ["specblock", "specblock-no-shift"]
+    data = report.ablation.data.set_index("method")
+    assert data.at["specblock", "delta_spd"] == 0
+    assert data.at["specblock-no-shift", "delta_tau"] == pytest.approx(
+        data.at["specblock-no-shift", "mean_tau"] - data.at["specblock", "mean_tau"])
+
+
+def test_budget_figure_only_with_sweep(simple: Path):
+    report = build_report(simple, reps=0)
+    assert set(block_figures(report, ("smollm2-135m", 0.0))) == {"acceptance_rates", "accept_length_hist",
+                                                                 "stage_breakdown", "speedup_vs_td"}
+
+
+def test_budget_figure_with_sweep(full: Path):
+    report = build_report(full, reps=0)
+    assert "budget_sweep" in block_figures(report, ("smollm2-135m", 0.0))
+    sweep = sweep_frame(report.cells, ("smollm2-135m", 0.0))
+    mean = sweep[sweep.bench == "mean"]
+    assert list(mean.budget) == [16, 32, 64] and mean.tau.is_monotonic_increasing
+
+
+def test_all_formats_written_and_deterministic(full: Path, tmp_path: Path):
+    first = write_report(str(full / "*.jsonl"), tmp_path / "one")
+    second = write_report([full / "a.jsonl", full / "b.jsonl"], tmp_path / "two")
+    names = {p.relative_to(tmp_path / "one").as_posix() for p in first}
+    for table in ("main_table", "companion_table", "ablation_table", "paper_comparison"):
+        assert {f"{table}.md", f"{table}.tex", f"{table}.csv"} <= names
+    for kind in ("acceptance_rates", "accept_length_hist", "stage_breakdown", "speedup_vs_td", "budget_sweep"):
+        assert {f"figures/{kind}_smollm2-135m_T0.png", f"figures/{kind}_smollm2-135m_T0.pdf"} <= names
+    assert "index.html" in names
+    tex = (tmp_path / "one" / "main_table.tex").read_text()
+    assert all(rule in tex for rule in (r"\toprule", r"\midrule", r"\bottomrule"))
+    page = (tmp_path / "one" / "index.html").read_text()
+    assert page.count("data:image/png;base64,") == 5 and "<style>" in page and "Ablations" in page
+    for a, b in zip(first, second):  # byte-identical, figures included
+        assert a.name == b.name and a.read_bytes() == b.read_bytes(), a.name
+    companion = pd.read_csv(tmp_path / "one" / "companion_table.csv", comment="#")
+    assert {"speedup_lo", "speedup_hi", "tau_lo", "tau_hi"} <= set(companion.columns)
+
+
+def test_provenance_on_every_table(full: Path, tmp_path: Path):
+    write_report(full, tmp_path / "out", figures=False)
+    for path in (tmp_path / "out").glob("*_table.*"):
+        text = path.read_text()
+        for needle in ("a.jsonl, b.jsonl", "humaneval 3, math500 3, mt_bench 3", "AMD EPYC 9B14 (2 threads)",
+                       "seed 0", "git abc1234"):
+            assert needle in text.replace(r"\_", "_"), (path.name, needle)
+
+
+def test_torn_last_line_tolerated(tmp_path: Path):
+    records = vanilla_records() + method_records("sps")
+    path = write_jsonl(tmp_path / "torn.jsonl", records, torn=True)
+    loaded, metas = load_results(path)
+    assert len(loaded) == len(records) and metas == {str(path): META}
+    assert build_report(path, reps=0).main.sections
+
+
+def test_bootstrap_ci_contains_point_and_is_deterministic(simple: Path):
+    cells = build_report(simple).cells
+    again = build_report(simple).cells
+    pd.testing.assert_frame_equal(cells, again)
+    ran = cells[cells.n_prompts > 0]
+    assert (ran.speedup_lo <= ran.speedup).all() and (ran.speedup <= ran.speedup_hi).all()
+    assert (ran.tau_lo <= ran.tau).all() and (ran.tau <= ran.tau_hi).all()
+    assert (ran.speedup_hi > ran.speedup_lo).all()
+
+
+def test_bootstrap_sums_agree_with_metrics():
+    # One prompt: every resample is the sample itself, so the interval collapses onto metrics' value.
+    ours = method_records("sps", benches=("humaneval",), prompts=1)
+    base = vanilla_records(benches=("humaneval",), prompts=1)
+    lo, hi = speedup_ci(ours, base)
+    assert lo == pytest.approx(metrics.speedup(ours, base)) and hi == pytest.approx(lo)
+    lo, hi = tau_ci(ours)
+    assert lo == pytest.approx(metrics.tau(ours)) and hi == pytest.approx(lo)
+
+
+def test_speedup_uses_each_files_own_vanilla(tmp_path: Path):
+    # Same prompt ids in two files; file b's vanilla is twice as slow, so its method must look 2x faster.
+    m = method_records("sps", benches=("humaneval",))
+    write_jsonl(tmp_path / "a.jsonl", vanilla_records(benches=("humaneval",)) + m)
+    slow = [vanilla(r.bench, r.prompt_id, r.num_new, verify=2 * r.times["verify"], prefill=0.2, commit=0.2)
+            for r in vanilla_records(benches=("humaneval",))]
+    other = [GenerationRecord.from_dict({**r.to_dict(), "method": "sps-slowbase"}) for r in m]
+    write_jsonl(tmp_path / "b.jsonl", slow + other)
+    cells = build_report(tmp_path, reps=0).cells.set_index("method")
+    base_a = vanilla_records(benches=("humaneval",))
+    assert cells.at["sps", "speedup"] == pytest.approx(metrics.speedup(m, base_a))
+    assert cells.at["sps-slowbase", "speedup"] == pytest.approx(2 * cells.at["sps", "speedup"])
+
+
+def test_paper_numbers_csv_parses():
+    with DEFAULT_PAPER_NUMBERS.open(newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == ["paper", "table", "model", "hardware", "temperature", "bench", "method", "speedup",
+                             "tau", "td_percent", "notes"]
+    assert {r["paper"] for r in rows} == {"SpecBlock", "DDTree", "PACER", "DVI"}
+    for r in rows:
+        for col in ("speedup", "tau", "td_percent", "temperature"):
+            assert r[col] == "" or math.isfinite(float(r[col])), r
+    key = {(r["paper"], r["table"], r["model"], r["temperature"], r["bench"], r["method"]): r for r in rows}
+    sb = key[("SpecBlock", "1", "Llama-3.1-8B", "0", "Mean", "SpecBlock")]
+    assert (sb["speedup"], sb["tau"], sb["td_percent"]) == ("3.21", "4.41", "16")
+    dd = key[("DDTree", "1", "Qwen3-8B", "0.0", "MATH-500", "DFlash+DDTree")]
+    assert (dd["speedup"], dd["tau"]) == ("7.52", "10.73")
+    pacer = key[("PACER", "5", "DeepSeek-Coder 1.3B/33B", "", "HumanEval", "PACER")]
+    assert (pacer["speedup"], pacer["tau"]) == ("2.31", "9.67")
+    dvi = key[("DVI", "2", "Vicuna-7B", "0", "Avg.", "DVI")]
+    assert dvi["speedup"] == "2.16"
+
+
+def test_paper_comparison_side_by_side(simple: Path, tmp_path: Path):
+    write_report(simple, tmp_path / "out", figures=False)
+    md = (tmp_path / "out" / "paper_comparison.md").read_text()
+    assert "smollm2-135m · T = 0 on AMD EPYC 9B14 (2 threads)" in md
+    assert "| specblock | humaneval |" in md and "Llama-3.1-8B" in md and "3.92×" in md  # SpecBlock Table 1
+    assert "| sps | mt_bench |" in md and "Models and hardware differ" in md
+    data = pd.read_csv(tmp_path / "out" / "paper_comparison.csv", comment="#")
+    assert {"SpecBlock", "DVI"} <= set(data.paper)
+    assert data.paper_temperature.isna().sum() == (data.paper == "PACER").sum()  # PACER states no temperature
+    assert (data.paper_temperature.dropna() == 0).all()  # never the T = 1 rows
+
+
+def test_rich_main_table(simple: Path):
+    table = rich_main_table(simple)
+    assert table.row_count == 3 and len(table.columns) == 10
+
+
+def test_no_result_files_is_a_user_error(tmp_path: Path):
+    with pytest.raises(SpecbenchError, match=r"no result files matched .*; run `specbench run \.\.\.` first"):
+        write_report(str(tmp_path / "results" / "*.jsonl"), tmp_path / "out")
+
+
+def test_method_without_vanilla_keeps_tau_and_says_why(tmp_path: Path):
+    path = write_jsonl(tmp_path / "no_base.jsonl", method_records("sps", benches=("humaneval",)))
+    cell = build_report(path, reps=0).cells.iloc[0]
+    assert math.isnan(cell.speedup) and cell.tau > 1
+    assert cell.reason == "no vanilla baseline for humaneval in the same file"
