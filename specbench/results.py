@@ -84,14 +84,6 @@ def _read_lines(path: Path) -> tuple[list[dict], int]:
     return objects, good
 
 
-def read_results(path: str | Path) -> tuple[dict, list[GenerationRecord]]:
-    """(header meta, records) of one results file."""
-    objects, _ = _read_lines(Path(path))
-    meta = next((o.get("meta", {}) for o in objects if o.get("type") == "header"), {})
-    records = [GenerationRecord.from_dict(o) for o in objects if o.get("type") == "record"]
-    return meta, records
-
-
 class RunStore:
     """One results file: ``open`` checks resume compatibility and returns the finished keys."""
 
