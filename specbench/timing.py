@@ -28,26 +28,22 @@ class PhaseTimer:
         self.forward_ns: dict[str, int] = defaultdict(int)
 
     @contextmanager
-    def phase(self, name: str):
+    def _timed(self, totals: dict[str, int], name: str):
         synchronize(self.device)
         start = time.perf_counter_ns()
         try:
             yield
         finally:
             synchronize(self.device)
-            self.ns[name] += time.perf_counter_ns() - start
+            totals[name] += time.perf_counter_ns() - start
 
-    @contextmanager
+    def phase(self, name: str):
+        return self._timed(self.ns, name)
+
     def forward(self, owner: str):
         """Time one model forward (``owner`` is "target" or "drafter")."""
-        synchronize(self.device)
-        start = time.perf_counter_ns()
-        try:
-            yield
-        finally:
-            synchronize(self.device)
-            self.forward_ns[owner] += time.perf_counter_ns() - start
-            self.forward_calls[owner] += 1
+        self.forward_calls[owner] += 1
+        return self._timed(self.forward_ns, owner)
 
     def seconds(self) -> dict[str, float]:
         return {k: v / 1e9 for k, v in self.ns.items()}

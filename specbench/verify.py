@@ -100,29 +100,25 @@ def _normalise(p: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
     return fallback if total <= 1e-12 else p / total
 
 
-def greedy_walk(tree: DraftTree, logits: torch.Tensor) -> WalkResult:
-    targets = logits.argmax(-1).tolist()
+def follow(tree: DraftTree, choices: list[int]) -> WalkResult:
+    """Walk down while the child whose token equals the target's choice at the current row exists."""
     node, accepted = -1, []
     while True:
-        y = targets[node + 1]
+        y = choices[node + 1]
         child = tree.children.get(node, {}).get(y)
         if child is None:
             return WalkResult(accepted, y)
         accepted.append(child)
         node = child
+
+
+def greedy_walk(tree: DraftTree, logits: torch.Tensor) -> WalkResult:
+    return follow(tree, logits.argmax(-1).tolist())
 
 
 def sample_and_match(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None) -> WalkResult:
-    """Rule A: draw y ~ p at the current node; move to the child with token y, else stop."""
-    draws = torch.multinomial(probs, 1, generator=generator).squeeze(-1).tolist()
-    node, accepted = -1, []
-    while True:
-        y = draws[node + 1]
-        child = tree.children.get(node, {}).get(y)
-        if child is None:
-            return WalkResult(accepted, y)
-        accepted.append(child)
-        node = child
+    """Rule A: draw y ~ p at every row (one batched multinomial), then follow matching children."""
+    return follow(tree, torch.multinomial(probs, 1, generator=generator).squeeze(-1).tolist())
 
 
 def recursive_rejection(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None) -> WalkResult:
