@@ -7,7 +7,7 @@ the only clock the metrics use.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -128,18 +128,27 @@ def _truncate(tokens: list[int], eos: set[int], limit: int) -> tuple[list[int], 
     return tokens[:limit], "length"
 
 
-def generate_turns(target: Target, drafter: Drafter, turns: list[str], config: GenerationConfig,
-                   system_prompt: str | None = None, method: str | None = None) -> list[GenerationRecord]:
+def generate_turns(target: Target, drafter: Drafter, turns: list[str], config_for: Callable[[int], GenerationConfig],
+                   system_prompt: str | None = None, method: str | None = None,
+                   finished: Callable[[int], GenerationRecord | None] = lambda turn: None,
+                   admit: Callable[[list[int]], bool] = lambda ids: True) -> Iterator[GenerationRecord]:
     """Multi-turn generation (MT-Bench): turn k is rendered with the chat template over the
-    earlier turns and this method's own answers to them."""
+    earlier user turns and this method's own answers to them.
+
+    Yields each newly generated record as soon as it exists (so the caller can store it before
+    the next turn starts). ``finished(k)`` returns an already stored record to reuse instead of
+    regenerating (resume); ``admit(ids)`` may refuse a rendered turn (e.g. past the context),
+    which ends the conversation."""
     messages: list[dict] = []
-    records = []
     for k, user in enumerate(turns):
         messages.append({"role": "user", "content": user})
-        ids = render_chat(target.tokenizer, messages, system_prompt)
-        record = generate(target, drafter, ids, config, method=method)
-        record.turn = k
-        records.append(record)
+        record = finished(k)
+        if record is None:
+            ids = render_chat(target.tokenizer, messages, system_prompt)
+            if not admit(ids):
+                return
+            record = generate(target, drafter, ids, config_for(k), method=method)
+            record.turn = k
+            yield record
         answer = target.tokenizer.decode(record.new_tokens, skip_special_tokens=True)
         messages.append({"role": "assistant", "content": answer})
-    return records

@@ -15,7 +15,7 @@ from rich.table import Table
 from specbench import metrics
 from specbench.benchmarks import Prompt, load_benchmark
 from specbench.drafter import Drafter, method_class, parse_options
-from specbench.engine import GenerationConfig, generate
+from specbench.engine import GenerationConfig, generate, generate_turns
 from specbench.errors import SpecbenchError
 from specbench.prompts import render_chat
 from specbench.records import GenerationRecord
@@ -131,25 +131,21 @@ class Runner:
         return False
 
     def _run_side(self, label: str, drafter: Drafter, prompt: Prompt) -> None:
-        messages: list[dict] = []
-        for turn, user in enumerate(prompt.turns):
-            messages.append({"role": "user", "content": user})
-            key = (label, self.bench, prompt.id, turn)
-            record = self.store.done.get(key)
-            if record is None:
-                ids = render_chat(self.target.tokenizer, messages, self.cfg.system_prompt)
-                if not self._fits(ids, prompt):
-                    self.skipped.append(prompt.id)
-                    return
-                seed = record_seed(self.cfg.seed, prompt.id, turn)
-                config = GenerationConfig(self.cfg.max_new_tokens, self.sampling, seed)
-                record = generate(self.target, drafter, ids, config, method=label)
-                record.bench, record.prompt_id, record.turn = self.bench, prompt.id, turn
-                record.config_hash = self.store.meta["config_hash"]
-                self.store.append(record)
-            # Later turns see this side's own earlier answers (MT-Bench's second turn).
-            answer = self.target.tokenizer.decode(record.new_tokens, skip_special_tokens=True)
-            messages.append({"role": "assistant", "content": answer})
+        def admit(ids: list[int]) -> bool:
+            if self._fits(ids, prompt):
+                return True
+            self.skipped.append(prompt.id)
+            return False
+
+        def config_for(turn: int) -> GenerationConfig:
+            return GenerationConfig(self.cfg.max_new_tokens, self.sampling, record_seed(self.cfg.seed, prompt.id, turn))
+
+        for record in generate_turns(self.target, drafter, prompt.turns, config_for, self.cfg.system_prompt, label,
+                                     finished=lambda turn: self.store.done.get((label, self.bench, prompt.id, turn)),
+                                     admit=admit):
+            record.bench, record.prompt_id = self.bench, prompt.id
+            record.config_hash = self.store.meta["config_hash"]
+            self.store.append(record)
 
     def _warmup(self) -> None:
         """One short generation per side, discarded: first calls pay for allocation and kernels."""
