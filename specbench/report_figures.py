@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Sequence
 import matplotlib
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from specbench import metrics
 from specbench.records import DECODE_PHASES, GenerationRecord
@@ -110,6 +111,7 @@ def acceptance_figure(series: dict[str, list[float]], title: str) -> Figure:
     for method, rates in series.items():
         ax.plot(range(1, len(rates) + 1), rates, marker="o", label=method)
     ax.set(xlabel="chain depth k", ylabel="α_k = P(depth k accepted | k−1 accepted)", ylim=(0, 1.02))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # depths are whole numbers
     ax.legend(fontsize=8)
     return fig
 
@@ -121,6 +123,7 @@ def histogram_figure(series: dict[str, dict[int, float]], title: str) -> Figure:
         xs = sorted(shares)
         ax.bar([x - 0.4 + width * (i + 0.5) for x in xs], [shares[x] for x in xs], width=width, label=method)
     ax.set(xlabel="tokens committed per verify call (accepted + bonus)", ylabel="share of verify calls")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(fontsize=8)
     return fig
 
