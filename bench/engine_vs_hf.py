@@ -42,7 +42,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=5)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--sps-draft", default="truncated:4")
     args = ap.parse_args()
 
@@ -67,11 +67,15 @@ def main() -> None:
                     n, secs = hf_generate(target, ids, args.max_new_tokens)
                     hf_tps.append(n / secs)
     ours, hf = statistics.median(ours_tps), statistics.median(hf_tps)
+    # Paired ratios (same prompt, same round, run back to back) cancel most of the machine drift.
+    paired = sorted(o / h for o, h in zip(ours_tps, hf_tps))
+    q1, q3 = paired[len(paired) // 4], paired[(3 * len(paired)) // 4]
     print(f"target smollm2-135m {args.dtype}, {len(prompts)} mt_bench prompts x {args.rounds} rounds, "
           f"{args.max_new_tokens} new tokens, {torch.get_num_threads()} threads")
     print(f"vanilla through specbench engine: {ours:6.2f} tok/s (median)")
     print(f"HF model.generate:                {hf:6.2f} tok/s (median)")
-    print(f"ratio engine / HF generate:       {ours / hf:6.3f}x")
+    print(f"ratio of medians engine / HF:     {ours / hf:6.3f}x")
+    print(f"paired ratio, median [IQR]:       {statistics.median(paired):6.3f}x [{q1:.3f}, {q3:.3f}] over {len(paired)} pairs")
 
     sps = SpSDrafter(SpSOptions(draft=args.sps_draft, gamma=4))
     sps.setup(target)
