@@ -1,0 +1,38 @@
+"""What every drafter's training loss receives: token ids, the assistant-token mask, and the
+frozen target's hidden-state taps for the same positions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class TrainBatch:
+    """Right-padded batch of target-regenerated conversations.
+
+    input_ids:      [B, T] prompt + response token ids (padding = 0, see attention_mask)
+    attention_mask: [B, T] 1 for real tokens
+    loss_mask:      [B, T] 1 where the token is part of the target's response (assistant tokens)
+    taps:           hidden_states index -> [B, T, H] (fp32); index -1 is the final-norm output
+                    that the target's lm_head reads. Always present: -1.
+    lm_head:        the target's frozen output layer (H -> V), for soft targets p* = softmax(lm_head(h))
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    taps: dict[int, torch.Tensor]
+    lm_head: torch.nn.Module
+    meta: dict = field(default_factory=dict)
+
+    def target_logits(self, positions: slice | None = None) -> torch.Tensor:
+        """Target logits [B, T', V] from the final-norm tap (computed on demand: V is large)."""
+        h = self.taps[-1] if positions is None else self.taps[-1][:, positions]
+        with torch.no_grad():
+            return self.lm_head(h.to(self.lm_head.weight.dtype)).float()
+
+    def to(self, device: torch.device | str) -> "TrainBatch":
+        return TrainBatch(self.input_ids.to(device), self.attention_mask.to(device), self.loss_mask.to(device),
+                          {k: v.to(device) for k, v in self.taps.items()}, self.lm_head, dict(self.meta))

@@ -1,0 +1,81 @@
+"""Drafter checkpoints as Hugging Face-style folders: ``config.json`` + ``model.safetensors``.
+
+``config.json`` records the architecture, the target it was trained for (a fingerprint of the
+tokenizer and the hidden size), the target taps, the draft-vocabulary mapping and the training
+recipe. Loading refuses a drafter trained for another target, in one line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from specbench.errors import SpecbenchError
+
+CONFIG = "config.json"
+WEIGHTS = "model.safetensors"
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """Stable hash of the vocabulary and special tokens (what makes token ids mean the same)."""
+    if tokenizer is None:
+        return "none"
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    special = [getattr(tokenizer, a, None) for a in ("bos_token_id", "eos_token_id", "pad_token_id")]
+    return hashlib.sha256(json.dumps([vocab, special]).encode()).hexdigest()[:16]
+
+
+def target_fingerprint(target) -> dict:
+    return {"name": target.name, "tokenizer": tokenizer_fingerprint(target.tokenizer),
+            "hidden_size": target.hidden_size, "vocab_size": target.vocab_size, "num_layers": target.num_layers}
+
+
+def save_drafter(folder: str | Path, state_dict: dict[str, torch.Tensor], config: dict,
+                 dtype: torch.dtype | None = torch.bfloat16) -> Path:
+    """Write ``config.json`` and ``model.safetensors`` (floating tensors cast to ``dtype``)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).detach().contiguous().cpu()
+               for k, v in state_dict.items()}
+    save_file(tensors, str(folder / WEIGHTS))
+    (folder / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return folder
+
+
+def read_drafter_config(folder: str | Path) -> dict:
+    path = Path(folder) / CONFIG
+    if not path.is_file():
+        raise SpecbenchError(f"{folder} is not a drafter folder (no {CONFIG}); train one with `specbench train` "
+                             "or pass the right path")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise SpecbenchError(f"{path} is corrupt ({exc.msg} at line {exc.lineno}); retrain or re-download it") from None
+
+
+def load_drafter(folder: str | Path, target=None) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(config, state_dict); with ``target`` given, refuse a drafter trained for another one."""
+    config = read_drafter_config(folder)
+    weights = Path(folder) / WEIGHTS
+    if not weights.is_file():
+        raise SpecbenchError(f"{folder} has no {WEIGHTS}; the checkpoint is incomplete")
+    try:
+        state = load_file(str(weights))
+    except Exception as exc:  # safetensors raises several types for truncated or garbled files
+        raise SpecbenchError(f"{weights} is corrupt ({type(exc).__name__}); retrain or re-download it") from None
+    if target is not None:
+        check_target(config, target, folder)
+    return config, state
+
+
+def check_target(config: dict, target, folder: str | Path) -> None:
+    trained = config.get("target", {})
+    ours = target_fingerprint(target)
+    for key in ("tokenizer", "hidden_size"):
+        if key in trained and trained[key] != ours[key]:
+            raise SpecbenchError(f"drafter {folder} was trained for target {trained.get('name', '?')!r} "
+                                 f"({key} differs from {target.name!r}); train one for this target with `specbench train`")
