@@ -16,9 +16,11 @@ import torch
 from specbench import kvcache
 from specbench.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
-from specbench.target import Target, load_causal_lm
+from specbench.target import Target, load_causal_lm, resolve_dtype
+from specbench.training.checkpoint import read_drafter_config
 from specbench.tree import DraftTree, SiblingKind
 from specbench.verify import logits_to_probs
+from methods.sps_student import is_student, load_student
 
 # Draft models shipped with the project, per embedded target name.
 SHIPPED_DRAFTS = {"smollm2-135m": Path(__file__).resolve().parent.parent / "drafters" / "smollm2-135m" / "sps"}
@@ -86,8 +88,11 @@ class SpSDrafter(Drafter):
             if not spec or (spec == str(SHIPPED_DRAFTS.get(target.name)) and not Path(spec).exists()):
                 raise SpecbenchError(f"sps needs a draft model for target {target.name!r}; pass --opt draft=PATH_OR_HUB_ID "
                                      "(same tokenizer as the target)")
-            self.model, self.tokenizer = load_causal_lm(spec, self.options.dtype or target.dtype, str(target.device),
-                                                        target.attn_implementation)
+            dtype = resolve_dtype(self.options.dtype or target.dtype)
+            if (Path(spec) / "config.json").is_file() and is_student(read_drafter_config(spec)):
+                self.model, self.tokenizer = load_student(spec, target, dtype), target.tokenizer
+            else:
+                self.model, self.tokenizer = load_causal_lm(spec, dtype, str(target.device), target.attn_implementation)
         self.model.eval()
         draft_vocab = self.model.get_output_embeddings().weight.shape[0]
         check_same_vocabulary(target.tokenizer, self.tokenizer, target.vocab_size, draft_vocab,

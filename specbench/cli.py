@@ -14,11 +14,13 @@ from rich.console import Console
 from rich.table import Table
 
 from specbench.errors import SpecbenchError
+from specbench.training.cli import train_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Fair, lossless benchmarking of speculative-decoding drafters.")
 list_app = typer.Typer(no_args_is_help=True, help="List methods, benchmarks or models.")
 app.add_typer(list_app, name="list")
+app.add_typer(train_app, name="train")
 # Tables stay readable when piped (rich assumes 80 columns off a terminal).
 console = Console(width=None if sys.stdout.isatty() else 140)
 err = Console(stderr=True)

@@ -1,0 +1,106 @@
+"""`specbench train ...`: regenerate data with the target, then train a drafter for it."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from specbench.errors import SpecbenchError
+
+train_app = typer.Typer(no_args_is_help=True, help="Regenerate training data and train drafters.")
+
+
+def _prompt_file(prompts: Optional[str], data_dir: Optional[str]) -> Path:
+    from specbench.benchmarks import data_dir as resolve_dir
+    from specbench.training.data import DEFAULT_PROMPTS
+
+    if prompts:
+        path = Path(prompts)
+    else:
+        folder = resolve_dir(data_dir)
+        if folder is None:
+            raise SpecbenchError("no prompt file: pass --prompts FILE.jsonl or set SPECBENCH_DATA to the data folder "
+                                 f"holding {DEFAULT_PROMPTS}")
+        path = Path(folder) / DEFAULT_PROMPTS
+    if not path.is_file():
+        raise SpecbenchError(f"prompt file {path} does not exist; pass --prompts FILE.jsonl")
+    return path
+
+
+def _load_data(target, prompts: Optional[str], data_dir: Optional[str], limit: Optional[int], max_new_tokens: int,
+               batch_size: int, temperature: float):
+    from specbench.benchmarks import load_benchmark
+    from specbench.training.data import dataset_path, read_examples, regenerate
+
+    file = _prompt_file(prompts, data_dir)
+    out = dataset_path(target, file, max_new_tokens, temperature)
+    items = load_benchmark(str(file), limit=limit)
+    regenerate(target, items, out, max_new_tokens=max_new_tokens, batch_size=batch_size, temperature=temperature)
+    wanted = {p.id for p in items}
+    return out, [e for e in read_examples(out) if e["id"] in wanted]
+
+
+@train_app.command("data")
+def data(
+    target: str = typer.Option("smollm2-135m", help="Target whose answers are the training data."),
+    prompts: Optional[str] = typer.Option(None, help="Prompt JSONL (default: <data dir>/train_prompts/sharegpt_first_turns.jsonl)."),
+    data_dir: Optional[str] = typer.Option(None, help="Data folder (else $SPECBENCH_DATA)."),
+    limit: Optional[int] = typer.Option(None, help="First N prompts."),
+    max_new_tokens: int = typer.Option(256, help="Response length cap."),
+    batch_size: int = typer.Option(8, help="Prompts per generate call."),
+    temperature: float = typer.Option(0.0, help="0 = greedy (default), else sampled."),
+    dtype: str = typer.Option("bfloat16", help="Target dtype for generation."),
+) -> None:
+    """Answer the prompts with the target (resumable); prints where the data is cached."""
+    from specbench.target import Target
+
+    t = Target.load(target, dtype)
+    out, examples = _load_data(t, prompts, data_dir, limit, max_new_tokens, batch_size, temperature)
+    tokens = sum(len(e["response_ids"]) for e in examples)
+    typer.echo(f"{len(examples)} examples, {tokens} response tokens -> {out}")
+
+
+@train_app.command("sps-student")
+def sps_student(
+    out: Path = typer.Option(..., help="Folder to write the drafter to."),
+    target: str = typer.Option("smollm2-135m"),
+    layers: str = typer.Option("0,29", help="Target layers copied into the student (comma-separated)."),
+    prompts: Optional[str] = typer.Option(None),
+    data_dir: Optional[str] = typer.Option(None),
+    limit: Optional[int] = typer.Option(400, help="Training prompts."),
+    max_new_tokens: int = typer.Option(128),
+    epochs: int = typer.Option(4),
+    lr: float = typer.Option(3e-4),
+    batch_size: int = typer.Option(4),
+    max_length: int = typer.Option(384),
+    held_out: float = typer.Option(0.05, help="Share of examples kept for evaluation."),
+    cache_features: bool = typer.Option(True, help="Cache target taps to disk (fp16) after the first epoch."),
+) -> None:
+    """Distil a small SpS draft model from the target (KL on target-regenerated responses)."""
+    from methods.sps_student import build_student, distillation_loss, save_student
+    from specbench.target import Target, cache_dir
+    from specbench.training.features import FeatureCache, iterate_batches
+    from specbench.training.trainer import Recipe, Trainer
+
+    t = Target.load(target, "float32")
+    data_file, examples = _load_data(t, prompts, data_dir, limit, max_new_tokens, 8, 0.0)
+    random.Random(0).shuffle(examples)
+    n_eval = max(1, int(len(examples) * held_out))
+    evals, trains = examples[:n_eval], examples[n_eval:]
+    chosen = [int(x) for x in layers.split(",")]
+    student = build_student(t, chosen)
+    recipe = Recipe(lr=lr, epochs=epochs, batch_size=batch_size, max_length=max_length, grad_clip=0.5,
+                    eval_every=100, save_every=50, extra={"layers": chosen, "data": str(data_file),
+                                                          "train_examples": len(trains), "eval_examples": len(evals)})
+    cache = FeatureCache(cache_dir() / "features" / data_file.stem, [-1]) if cache_features else None
+    trainer = Trainer(student, lambda b: distillation_loss(student, b), recipe, out,
+                      save=lambda folder: save_student(folder, student, t, chosen, recipe.__dict__))
+    steps = (len(trains) + batch_size - 1) // batch_size
+    final = trainer.fit(lambda epoch: iterate_batches(t, trains, [-1], batch_size, max_length, seed=epoch, cache=cache),
+                        steps, lambda: iterate_batches(t, evals, [-1], batch_size, max_length, shuffle=False, cache=cache))
+    (Path(out) / "drafter" / "eval.json").write_text(json.dumps(final, indent=2) + "\n")
+    typer.echo(f"held-out: {json.dumps(final)}; drafter in {Path(out) / 'drafter'}")

@@ -1,0 +1,151 @@
+"""One trainer for every drafter: AdamW, cosine schedule with warmup, gradient clipping,
+bf16 autocast or fp32, checkpoint and resume, a held-out evaluation with per-depth top-1 accuracy
+and an acceptance-length proxy, all logged as JSONL."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from specbench.training.batch import TrainBatch
+
+LossFn = Callable[[TrainBatch], tuple[torch.Tensor, dict[str, float]]]
+
+
+@dataclass
+class Recipe:
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.95)
+    warmup_ratio: float = 0.05
+    epochs: int = 1
+    max_steps: int | None = None
+    batch_size: int = 4
+    max_length: int = 512
+    grad_clip: float = 0.5
+    dtype: str = "float32"  # or "bfloat16" (autocast)
+    eval_every: int = 100
+    save_every: int = 100
+    seed: int = 0
+    extra: dict = field(default_factory=dict)  # method-specific settings, recorded with the checkpoint
+
+
+def cosine_with_warmup(step: int, total: int, warmup: int) -> float:
+    if step < warmup:
+        return (step + 1) / max(warmup, 1)
+    progress = (step - warmup) / max(total - warmup, 1)
+    return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def acceptance_proxy(accuracies: list[float]) -> float:
+    """Expected tokens per verify call of a chain whose depth-k acceptance is acc_k (+1 bonus)."""
+    total, survive = 1.0, 1.0
+    for acc in accuracies:
+        survive *= acc
+        total += survive
+    return total
+
+
+def evaluate(loss_fn: LossFn, batches: Iterable[TrainBatch]) -> dict[str, float]:
+    sums: dict[str, float] = {}
+    n = 0
+    with torch.no_grad():
+        for batch in batches:
+            _, metrics = loss_fn(batch)
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + float(v)
+            n += 1
+    result = {k: v / max(n, 1) for k, v in sums.items()}
+    accs = [result[f"acc_{k}"] for k in range(1, 64) if f"acc_{k}" in result]
+    if accs:
+        result["tau_proxy"] = acceptance_proxy(accs)
+    return result
+
+
+class Trainer:
+    """``train_batches(epoch)`` yields TrainBatches; ``save(folder)`` writes the drafter."""
+
+    def __init__(self, module: torch.nn.Module, loss_fn: LossFn, recipe: Recipe, out_dir: str | Path,
+                 save: Callable[[Path], None]) -> None:
+        self.module, self.loss_fn, self.recipe = module, loss_fn, recipe
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.save = save
+        params = [p for p in module.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=recipe.lr, betas=recipe.betas, weight_decay=recipe.weight_decay)
+        self.step = 0
+        self.log_path = self.out_dir / "train_log.jsonl"
+        self.state_path = self.out_dir / "trainer_state.pt"
+
+    def _checkpoint(self) -> None:
+        tmp = self.state_path.with_suffix(".tmp")
+        torch.save({"step": self.step, "module": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
+                    "recipe": asdict(self.recipe)}, tmp)
+        tmp.replace(self.state_path)
+
+    def _resume(self) -> None:
+        if self.state_path.exists():
+            state = torch.load(self.state_path, map_location="cpu", weights_only=False)
+            self.module.load_state_dict(state["module"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.step = state["step"]
+
+    def _log(self, entry: dict) -> None:
+        with open(self.log_path, "a") as fh:
+            fh.write(json.dumps(entry) + "\n")
+
+    def fit(self, train_batches: Callable[[int], Iterator[TrainBatch]], steps_per_epoch: int,
+            eval_batches: Callable[[], Iterable[TrainBatch]] | None = None) -> dict[str, float]:
+        r = self.recipe
+        total = r.max_steps or steps_per_epoch * r.epochs
+        warmup = int(total * r.warmup_ratio)
+        self._resume()
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: cosine_with_warmup(s, total, warmup), last_epoch=self.step - 1)
+        autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=r.dtype == "bfloat16")
+        start = time.time()
+        columns = (TextColumn("training"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[loss]}"),
+                   TimeRemainingColumn())
+        with Progress(*columns) as progress:
+            task = progress.add_task("train", total=total, completed=self.step, loss="")
+            epoch = self.step // max(steps_per_epoch, 1)
+            while self.step < total:
+                for i, batch in enumerate(train_batches(epoch)):
+                    if epoch * steps_per_epoch + i < self.step:
+                        continue  # resumed mid-epoch: skip what was already trained on
+                    if self.step >= total:
+                        break
+                    self.module.train()
+                    with autocast:
+                        loss, metrics = self.loss_fn(batch)
+                    self.optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    norm = torch.nn.utils.clip_grad_norm_([p for p in self.module.parameters() if p.requires_grad],
+                                                          r.grad_clip)
+                    self.optimizer.step()
+                    scheduler.step()
+                    self.step += 1
+                    self._log({"step": self.step, "epoch": epoch, "lr": scheduler.get_last_lr()[0],
+                               "grad_norm": float(norm), "elapsed_s": round(time.time() - start, 1),
+                               **{k: float(v) for k, v in metrics.items()}})
+                    progress.update(task, advance=1, loss=f"loss {float(loss):.3f}")
+                    if eval_batches and (self.step % r.eval_every == 0 or self.step == total):
+                        self.module.eval()
+                        self._log({"step": self.step, "eval": evaluate(self.loss_fn, eval_batches())})
+                    if self.step % r.save_every == 0:
+                        self._checkpoint()
+                epoch += 1
+        self._checkpoint()
+        self.module.eval()
+        final = evaluate(self.loss_fn, eval_batches()) if eval_batches else {}
+        final["wall_time_s"] = round(time.time() - start, 1)
+        final["steps"] = self.step
+        self.save(self.out_dir / "drafter")
+        return final
