@@ -58,7 +58,7 @@ def distillation_loss(model, batch: TrainBatch) -> tuple[torch.Tensor, dict[str,
         p_log = F.log_softmax(lm_head(h_target.to(lm_head.weight.dtype)).float(), -1)
     loss = F.kl_div(q_log, p_log, log_target=True, reduction="batchmean")
     acc = (q_log.argmax(-1) == p_log.argmax(-1)).float().mean()
-    return loss, {"loss": float(loss), "acc_1": float(acc)}
+    return loss, {"loss": float(loss.detach()), "acc_1": float(acc)}
 
 
 def save_student(folder, model, target: Target, layers: list[int], recipe: dict) -> None:
