@@ -32,16 +32,17 @@ def _prompt_file(prompts: Optional[str], data_dir: Optional[str]) -> Path:
 
 
 def _load_data(target, prompts: Optional[str], data_dir: Optional[str], limit: Optional[int], max_new_tokens: int,
-               batch_size: int, temperature: float):
+               batch_size: int, temperature: float, max_prompt_tokens: int = 512):
     from specbench.benchmarks import load_benchmark
     from specbench.training.data import dataset_path, read_examples, regenerate
 
     file = _prompt_file(prompts, data_dir)
     out = dataset_path(target, file, max_new_tokens, temperature)
     items = load_benchmark(str(file), limit=limit)
-    regenerate(target, items, out, max_new_tokens=max_new_tokens, batch_size=batch_size, temperature=temperature)
+    regenerate(target, items, out, max_new_tokens=max_new_tokens, batch_size=batch_size, temperature=temperature,
+               max_prompt_tokens=max_prompt_tokens)
     wanted = {p.id for p in items}
-    return out, [e for e in read_examples(out) if e["id"] in wanted]
+    return out, [e for e in read_examples(out) if e["id"] in wanted and len(e["prompt_ids"]) <= max_prompt_tokens]
 
 
 @train_app.command("data")
@@ -54,12 +55,13 @@ def data(
     batch_size: int = typer.Option(8, help="Prompts per generate call."),
     temperature: float = typer.Option(0.0, help="0 = greedy (default), else sampled."),
     dtype: str = typer.Option("bfloat16", help="Target dtype for generation."),
+    max_prompt_tokens: int = typer.Option(512, help="Skip prompts longer than this (rendered)."),
 ) -> None:
     """Answer the prompts with the target (resumable); prints where the data is cached."""
     from specbench.target import Target
 
     t = Target.load(target, dtype)
-    out, examples = _load_data(t, prompts, data_dir, limit, max_new_tokens, batch_size, temperature)
+    out, examples = _load_data(t, prompts, data_dir, limit, max_new_tokens, batch_size, temperature, max_prompt_tokens)
     tokens = sum(len(e["response_ids"]) for e in examples)
     typer.echo(f"{len(examples)} examples, {tokens} response tokens -> {out}")
 
@@ -79,6 +81,7 @@ def sps_student(
     max_length: int = typer.Option(384),
     held_out: float = typer.Option(0.05, help="Share of examples kept for evaluation."),
     cache_features: bool = typer.Option(True, help="Cache target taps to disk (fp16) after the first epoch."),
+    max_prompt_tokens: int = typer.Option(512, help="Skip prompts longer than this (rendered)."),
 ) -> None:
     """Distil a small SpS draft model from the target (KL on target-regenerated responses)."""
     from methods.sps_student import build_student, distillation_loss, save_student
@@ -87,7 +90,7 @@ def sps_student(
     from specbench.training.trainer import Recipe, Trainer
 
     t = Target.load(target, "float32")
-    data_file, examples = _load_data(t, prompts, data_dir, limit, max_new_tokens, 8, 0.0)
+    data_file, examples = _load_data(t, prompts, data_dir, limit, max_new_tokens, 8, 0.0, max_prompt_tokens)
     random.Random(0).shuffle(examples)
     n_eval = max(1, int(len(examples) * held_out))
     evals, trains = examples[:n_eval], examples[n_eval:]

@@ -135,7 +135,7 @@ class Trainer:
                     self._log({"step": self.step, "epoch": epoch, "lr": scheduler.get_last_lr()[0],
                                "grad_norm": float(norm), "elapsed_s": round(time.time() - start, 1),
                                **{k: float(v) for k, v in metrics.items()}})
-                    progress.update(task, advance=1, loss=f"loss {float(loss):.3f}")
+                    progress.update(task, advance=1, loss=f"loss {float(loss.detach()):.3f}")
                     if eval_batches and (self.step % r.eval_every == 0 or self.step == total):
                         self.module.eval()
                         self._log({"step": self.step, "eval": evaluate(self.loss_fn, eval_batches())})
