@@ -1,0 +1,619 @@
+"""EAGLE-3: a one-layer drafter in the target's feature space that grows a dynamic top-k tree.
+
+Step 0 fuses three target taps (low/mid/high layers, ``fc``: 3H -> H) with the embedding of the
+*next* token (EAGLE alignment: features of position j pair with token j+1); later steps feed the
+drafter's own output hidden state back in. Each propose call:
+
+1. encodes the committed positions it has not seen (a stable KV cache over committed positions);
+2. runs ``depth`` batched forwards over a frontier of ``top_k`` nodes (tree attention over the
+   stable cache and each node's ancestors), keeping every one of the top_k x top_k candidates and
+   the global top_k by cumulative log-probability as the next frontier;
+3. keeps the best ``total_tokens - 1`` candidates by score, ancestor-closed (METHODS.md §5).
+
+Training unrolls the same recurrence (the "training-time test"): step s sees the step-0 keys up to
+its index plus its own keys of steps 1..s, exactly what a depth-(s+1) tree node sees.
+
+Checkpoints: our folder format (``specbench.training.checkpoint``) or the official EAGLE-3 layout
+(``config.json`` + ``pytorch_model.bin`` / ``model.safetensors``). Module names follow the
+official key names, so both formats share one state-dict layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specbench.drafter import DecodeState, Drafter, VerifyResult
+from specbench.errors import SpecbenchError
+from specbench.target import Target, TargetOutput
+from specbench.training.batch import TrainBatch
+from specbench.training.checkpoint import (CONFIG, load_drafter, read_drafter_config, save_drafter,
+                                          target_fingerprint)
+from specbench.tree import DraftTree, SiblingKind
+
+KV = tuple[torch.Tensor, torch.Tensor]  # keys, values: [B, kv_heads, S, head_dim]
+
+SHIPPED_DIR = Path(__file__).resolve().parent.parent / "drafters"
+OFFICIAL_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+# Official keys we deliberately drop: the embedding is the target's; inv_freq is derived from config.
+OFFICIAL_IGNORED = ("embed_tokens.weight",)
+OFFICIAL_IGNORED_SUFFIX = "rotary_emb.inv_freq"
+
+
+def eagle3_taps(num_layers: int) -> tuple[int, int, int]:
+    """HF ``hidden_states`` indices of the outputs of layers 1, L/2-1 and L-4 (METHODS.md §1.7)."""
+    if num_layers < 4:
+        raise SpecbenchError(f"EAGLE-3 taps layers 1, L/2-1 and L-4; the target has only {num_layers} layers "
+                             "(need >= 4)")
+    return 2, num_layers // 2, num_layers - 3
+
+
+def build_vocab_mapping(token_counts: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """The ``size`` most frequent token ids (ties: lower id first), as EAGLE-3's reduced vocabulary.
+
+    Returns ``d2t`` [size] offsets (target id = draft id + d2t[draft id], draft ids in target-id
+    order), ``t2d`` [V] bool membership, and the share of counted tokens inside the vocabulary."""
+    counts = torch.as_tensor(token_counts).reshape(-1)
+    if not 1 <= size <= counts.numel():
+        raise ValueError(f"draft vocabulary size must be in [1, {counts.numel()}], got {size}")
+    chosen = torch.sort(-counts, stable=True).indices[:size].sort().values
+    d2t = chosen - torch.arange(size)
+    t2d = torch.zeros(counts.numel(), dtype=torch.bool)
+    t2d[chosen] = True
+    total = float(counts.sum())
+    coverage = float(counts[chosen].sum()) / total if total > 0 else 0.0
+    return d2t, t2d, coverage
+
+
+# ---- architecture ----------------------------------------------------------------------------
+@dataclass
+class Eagle3Config:
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    vocab_size: int  # the target's
+    draft_vocab_size: int
+    hidden_act: str = "silu"
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None  # HF rope parameters beyond theta (llama3, linear, ...)
+    max_position_embeddings: int = 2048
+
+    @classmethod
+    def from_target(cls, target: Target, draft_vocab: int) -> "Eagle3Config":
+        cfg = target.config
+        heads = cfg.num_attention_heads
+        theta, scaling = _rope_of(cfg)
+        return cls(hidden_size=cfg.hidden_size, num_attention_heads=heads,
+                   num_key_value_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+                   head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+                   intermediate_size=cfg.intermediate_size, rms_norm_eps=getattr(cfg, "rms_norm_eps", 1e-6),
+                   vocab_size=target.vocab_size, draft_vocab_size=draft_vocab,
+                   hidden_act=getattr(cfg, "hidden_act", "silu"), rope_theta=theta, rope_scaling=scaling,
+                   max_position_embeddings=getattr(cfg, "max_position_embeddings", 2048) or 2048)
+
+    @classmethod
+    def from_official(cls, raw: dict, source: str) -> "Eagle3Config":
+        """From an official EAGLE-3 ``config.json`` (Llama-style keys)."""
+        required = ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
+        missing = [k for k in required if k not in raw]
+        if missing:
+            raise SpecbenchError(f"{source} lacks {', '.join(missing)}; it is not an EAGLE-3 config")
+        heads = raw["num_attention_heads"]
+        scaling = raw.get("rope_scaling")
+        if scaling and scaling.get("rope_type", scaling.get("type")) == "default":
+            scaling = None
+        return cls(hidden_size=raw["hidden_size"], num_attention_heads=heads,
+                   num_key_value_heads=raw.get("num_key_value_heads") or heads,
+                   head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
+                   intermediate_size=raw["intermediate_size"], rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+                   vocab_size=raw["vocab_size"], draft_vocab_size=raw.get("draft_vocab_size") or raw["vocab_size"],
+                   hidden_act=raw.get("hidden_act", "silu"), rope_theta=raw.get("rope_theta", 10000.0),
+                   rope_scaling=scaling, max_position_embeddings=raw.get("max_position_embeddings", 2048))
+
+
+def _rope_of(cfg) -> tuple[float, dict | None]:
+    """(theta, scaling) from an HF config: ``rope_parameters`` (transformers 5) or rope_theta/rope_scaling."""
+    params = dict(getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {})
+    theta = params.pop("rope_theta", None) or getattr(cfg, "rope_theta", None) or 10000.0
+    kind = params.get("rope_type", params.get("type", "default"))
+    return float(theta), (params if kind != "default" else None)
+
+
+class Rotary:
+    """cos/sin for explicit positions. inv_freq comes from transformers' RoPE initialisers (all
+    scaling types) and stays fp32: it is not a module buffer, so casting the model cannot round it."""
+
+    def __init__(self, cfg: Eagle3Config) -> None:
+        from transformers import LlamaConfig
+        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+        # transformers warns when the pre-scaling context exceeds max_position_embeddings; it only sizes tables.
+        longest = max(cfg.max_position_embeddings, (cfg.rope_scaling or {}).get("original_max_position_embeddings", 0))
+        heads = cfg.num_attention_heads
+        hf = LlamaConfig(hidden_size=heads * cfg.head_dim, num_attention_heads=heads,
+                         head_dim=cfg.head_dim, rope_theta=cfg.rope_theta, rope_scaling=cfg.rope_scaling,
+                         max_position_embeddings=longest)
+        emb = LlamaRotaryEmbedding(hf)
+        self.inv_freq = emb.inv_freq.float()
+        self.scale = float(emb.attention_scaling)
+
+    def __call__(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [B, N] -> cos, sin [B, 1, N, head_dim]."""
+        if self.inv_freq.device != positions.device:
+            self.inv_freq = self.inv_freq.to(positions.device)
+        freqs = positions[..., None].float() * self.inv_freq
+        angles = torch.cat([freqs, freqs], -1)[:, None]
+        return (angles.cos() * self.scale).to(dtype), (angles.sin() * self.scale).to(dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
+
+
+def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
+
+
+class RMSNorm(nn.Module):
+    """Llama RMSNorm (statistics in fp32, as the official weights were trained with)."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, cfg: Eagle3Config) -> None:
+        from transformers.activations import ACT2FN
+
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.act = ACT2FN[cfg.hidden_act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Projections(nn.Module):
+    """q/k/v read 2H (embedding ++ hidden); GQA heads like the target; o_proj back to H."""
+
+    def __init__(self, cfg: Eagle3Config) -> None:
+        super().__init__()
+        d, h, kvh = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+        self.q_proj = nn.Linear(2 * cfg.hidden_size, h * d, bias=False)
+        self.k_proj = nn.Linear(2 * cfg.hidden_size, kvh * d, bias=False)
+        self.v_proj = nn.Linear(2 * cfg.hidden_size, kvh * d, bias=False)
+        self.o_proj = nn.Linear(h * d, cfg.hidden_size, bias=False)
+        self.heads, self.kv_heads, self.head_dim = h, kvh, d
+
+
+class DecoderLayer(nn.Module):
+    """The single EAGLE-3 layer. The residual stream is the un-normalised input hidden state."""
+
+    def __init__(self, cfg: Eagle3Config) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Projections(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = SwiGLU(cfg)
+
+    def project(self, emb: torch.Tensor, hidden: torch.Tensor, cos: torch.Tensor,
+                sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [B, heads, N, d] and rotated k, v [B, kv_heads, N, d]."""
+        a = self.self_attn
+        x = torch.cat([self.input_layernorm(emb), self.hidden_norm(hidden)], -1)
+        b, n, _ = x.shape
+        q = a.q_proj(x).view(b, n, a.heads, a.head_dim).transpose(1, 2)
+        k = a.k_proj(x).view(b, n, a.kv_heads, a.head_dim).transpose(1, 2)
+        v = a.v_proj(x).view(b, n, a.kv_heads, a.head_dim).transpose(1, 2)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin), v
+
+    def finish(self, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """attn [B, heads, N, d] -> the layer output [B, N, H] (un-normalised)."""
+        b, _, n, _ = attn.shape
+        h = hidden + self.self_attn.o_proj(attn.transpose(1, 2).reshape(b, n, -1))
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+def _unrolled_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
+                        groups: int) -> torch.Tensor:
+    """Training-time-test attention for step s = len(keys) - 1: index j attends causally to the
+    step-0 keys and to its own keys of steps 1..s (the drafted ancestors of a depth-(s+1) node)."""
+    scale = q.shape[-1] ** -0.5
+    n = q.shape[2]
+    k0, v0 = _repeat_kv(keys[0], groups), _repeat_kv(values[0], groups)
+    causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+    scores = [(q @ k0.transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))]
+    scores += [(q * _repeat_kv(k, groups)).sum(-1, keepdim=True) * scale for k in keys[1:]]
+    weights = torch.cat(scores, -1).float().softmax(-1).to(q.dtype)
+    out = weights[..., :n] @ v0
+    for t, v in enumerate(values[1:]):
+        out = out + weights[..., n + t: n + t + 1] * _repeat_kv(v, groups)
+    return out
+
+
+class Eagle3Model(nn.Module):
+    """fc (3H -> H) + one decoder layer + final norm + lm_head over the draft vocabulary.
+
+    ``d2t`` [draft V] maps draft ids to target ids (target = draft + d2t[draft]); ``t2d`` [V] marks
+    target ids inside the draft vocabulary. The token embedding is the target's, frozen and only
+    referenced (not a submodule), so it is neither trained nor saved."""
+
+    def __init__(self, config: Eagle3Config, taps: Sequence[int], embedding: nn.Module | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.taps = tuple(taps)
+        h = config.hidden_size
+        self.fc = nn.Linear(len(self.taps) * h, h, bias=False)
+        self.midlayer = DecoderLayer(config)
+        self.norm = RMSNorm(h, config.rms_norm_eps)
+        self.lm_head = nn.Linear(h, config.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.arange(config.vocab_size) < config.draft_vocab_size)
+        self.rotary = Rotary(config)
+        self._embedding: tuple[nn.Module, ...] = ()
+        if embedding is not None:
+            self.attach_embedding(embedding)
+
+    # ---- construction -------------------------------------------------------------------
+    @classmethod
+    def from_target(cls, target: Target, vocab: tuple[torch.Tensor, torch.Tensor] | None = None) -> "Eagle3Model":
+        """A fresh drafter for ``target``; ``vocab`` = (d2t, t2d) from ``build_vocab_mapping``
+        (default: the full target vocabulary)."""
+        draft_vocab = target.vocab_size if vocab is None else int(vocab[0].numel())
+        model = cls(Eagle3Config.from_target(target, draft_vocab), eagle3_taps(target.num_layers),
+                    target.model.get_input_embeddings())
+        if vocab is not None:
+            model.d2t.copy_(vocab[0])
+            model.t2d.copy_(vocab[1])
+        return model.to(target.device)
+
+    def attach_embedding(self, embedding: nn.Module) -> None:
+        self._embedding = (embedding,)  # a tuple keeps it out of parameters() and state_dict()
+
+    @property
+    def trainable(self) -> set[str]:
+        """Names of the trained parameters: all of them (the frozen embedding is not a parameter)."""
+        return {name for name, _ in self.named_parameters()}
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
+    # ---- building blocks ----------------------------------------------------------------
+    def embed(self, target_ids: torch.Tensor) -> torch.Tensor:
+        if not self._embedding:
+            raise RuntimeError("Eagle3Model has no token embedding; call attach_embedding(target embedding)")
+        with torch.no_grad():
+            return self._embedding[0](target_ids).to(self.dtype)
+
+    def fuse(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Target taps (3H) go through fc; the drafter's own output (H) is already fused."""
+        hidden = hidden.to(self.dtype)
+        return self.fc(hidden) if hidden.shape[-1] != self.config.hidden_size else hidden
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(hidden))
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+    def features(self, taps: dict[int, torch.Tensor]) -> torch.Tensor:
+        return torch.cat([taps[i] for i in self.taps], -1)
+
+    @property
+    def _groups(self) -> int:
+        return self.config.num_attention_heads // self.config.num_key_value_heads
+
+    # ---- inference ----------------------------------------------------------------------
+    def forward(self, hidden: torch.Tensor, target_ids: torch.Tensor, positions: torch.Tensor,
+                past: KV | None = None, visible: torch.Tensor | None = None) -> tuple[torch.Tensor, KV]:
+        """One pass over N new rows.
+
+        hidden [B, N, 3H] (target taps) or [B, N, H] (own output); target_ids, positions [B, N];
+        past: cached keys/values [B, kv_heads, S, d]; visible [N, S + N] bool (True = attend),
+        default causal. Returns the un-normalised output [B, N, H] and the keys/values of past + new
+        rows (the extended cache)."""
+        hidden = self.fuse(hidden)
+        cos, sin = self.rotary(positions, hidden.dtype)
+        q, k, v = self.midlayer.project(self.embed(target_ids), hidden, cos, sin)
+        keys, values = (k, v) if past is None else (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2))
+        if visible is None:
+            s, n = keys.shape[2] - k.shape[2], k.shape[2]
+            visible = torch.arange(s + n, device=k.device)[None] <= (s + torch.arange(n, device=k.device))[:, None]
+        attn = F.scaled_dot_product_attention(q, _repeat_kv(keys, self._groups), _repeat_kv(values, self._groups),
+                                              attn_mask=visible)
+        return self.midlayer.finish(hidden, attn), (keys, values)
+
+    # ---- training -----------------------------------------------------------------------
+    def unroll(self, input_ids: torch.Tensor, features: torch.Tensor, steps: int) -> Iterator[torch.Tensor]:
+        """Yield the output hidden [B, T, H] of steps 0..steps-1. At step s index j reads token
+        x_{j+1+s} at position j+s (ids past the end are padding, masked by the loss)."""
+        b, n = input_ids.shape
+        hidden = self.fuse(features)
+        positions = torch.arange(n, device=input_ids.device).expand(b, n)
+        keys: list[torch.Tensor] = []
+        values: list[torch.Tensor] = []
+        for s in range(steps):
+            tokens = F.pad(input_ids[:, 1 + s:], (0, min(1 + s, n)))
+            cos, sin = self.rotary(positions + s, hidden.dtype)
+            q, k, v = self.midlayer.project(self.embed(tokens), hidden, cos, sin)
+            keys.append(k)
+            values.append(v)
+            hidden = self.midlayer.finish(hidden, _unrolled_attention(q, keys, values, self._groups))
+            yield hidden
+
+    def training_loss(self, batch: TrainBatch, steps: int = 7, decay: float = 0.8) -> tuple[torch.Tensor, dict]:
+        """Training-time test (METHODS.md §5): sum_s decay^s * soft CE of step s.
+
+        Index j at step s predicts x_{j+2+s} against p* = softmax of the target logits at j+1+s
+        restricted to the draft vocabulary. A position counts iff that predicted token is a real
+        response token (loss_mask, attention_mask) and the target's argmax lies in the draft vocab.
+        Returns (loss, {"loss", "acc_1".."acc_steps"}), acc = top-1 agreement with the target."""
+        full = batch.target_logits()
+        restricted = full[..., self.t2d].float()
+        in_vocab = self.t2d[full.argmax(-1)]
+        wanted = (batch.loss_mask > 0) & (batch.attention_mask > 0)
+        features = self.features(batch.taps)
+        total = torch.zeros((), device=features.device)
+        metrics: dict[str, float] = {}
+        for s, hidden in enumerate(self.unroll(batch.input_ids, features, steps)):
+            n = batch.input_ids.shape[1] - 2 - s  # indices j whose predicted token x_{j+2+s} exists
+            if n <= 0:
+                metrics[f"acc_{s + 1}"] = 0.0
+                continue
+            p_star = restricted[:, 1 + s: 1 + s + n].softmax(-1)
+            mask = (wanted[:, 2 + s: 2 + s + n] & in_vocab[:, 1 + s: 1 + s + n]).float()
+            logq = self.logits(hidden[:, :n]).float().log_softmax(-1)
+            count = mask.sum().clamp(min=1.0)
+            total = total + decay ** s * -((p_star * logq).sum(-1) * mask).sum() / count
+            with torch.no_grad():
+                agree = (logq.argmax(-1) == p_star.argmax(-1)).float()
+                metrics[f"acc_{s + 1}"] = float((agree * mask).sum() / count)
+        metrics["loss"] = float(total.detach())
+        return total, metrics
+
+    # ---- checkpoints --------------------------------------------------------------------
+    def save(self, folder: str | Path, target: Target, recipe: dict,
+             dtype: torch.dtype | None = torch.bfloat16) -> Path:
+        """Our folder format; ``dtype`` None keeps the parameters' dtype."""
+        config = {"method": "eagle3", "architecture": asdict(self.config), "target": target_fingerprint(target),
+                  "taps": list(self.taps), "draft_vocab": self.config.draft_vocab_size, "recipe": recipe}
+        return save_drafter(folder, self.state_dict(), config, dtype)
+
+    @classmethod
+    def load(cls, folder: str | Path, target: Target) -> "Eagle3Model":
+        """Load our format or the official EAGLE-3 layout (told apart by config.json's "method")."""
+        raw = read_drafter_config(folder)
+        if "method" not in raw:
+            return _load_official(cls, Path(folder), raw, target)
+        if raw["method"] != "eagle3":
+            raise SpecbenchError(f"{folder} holds a {raw['method']!r} drafter, not eagle3")
+        config, state = load_drafter(folder, target)
+        arch = Eagle3Config(**config["architecture"])
+        taps = tuple(config["taps"])
+        if taps != eagle3_taps(target.num_layers):
+            raise SpecbenchError(f"drafter {folder} reads taps {list(taps)} but target {target.name!r} needs "
+                                 f"{list(eagle3_taps(target.num_layers))}; train one for this target")
+        return _fill(_build(cls, arch, taps, target, folder), state, folder)
+
+
+def _check_arch(arch: Eagle3Config, target: Target, folder: str | Path) -> None:
+    if arch.hidden_size != target.hidden_size:
+        raise SpecbenchError(f"drafter {folder} has hidden size {arch.hidden_size} but target {target.name!r} has "
+                             f"{target.hidden_size}; use an EAGLE-3 drafter trained for this target")
+    if arch.vocab_size != target.vocab_size:
+        raise SpecbenchError(f"drafter {folder} maps a vocabulary of {arch.vocab_size} tokens but target "
+                             f"{target.name!r} has {target.vocab_size}; use a drafter trained for this target")
+
+
+def _build(cls: type[Eagle3Model], arch: Eagle3Config, taps: Sequence[int], target: Target,
+           folder: str | Path) -> Eagle3Model:
+    _check_arch(arch, target, folder)
+    return cls(arch, taps, target.model.get_input_embeddings())
+
+
+def _fill(model: Eagle3Model, state: dict[str, torch.Tensor], folder: str | Path) -> Eagle3Model:
+    """Load weights in the checkpoint's own dtype, so that loading is exact."""
+    model.to(state.get("fc.weight", model.fc.weight).dtype)
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as exc:
+        last = str(exc).strip().splitlines()[-1].strip()
+        raise SpecbenchError(f"drafter {folder} does not match its config ({last})") from None
+    return model
+
+
+def _read_official_weights(folder: Path) -> dict[str, torch.Tensor]:
+    for name in OFFICIAL_WEIGHTS:
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            if name.endswith(".safetensors"):
+                from safetensors.torch import load_file
+
+                return load_file(str(path))
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # several exception types for truncated or garbled files
+            raise SpecbenchError(f"{path} is corrupt ({type(exc).__name__}); re-download it") from None
+    raise SpecbenchError(f"{folder} has no {' or '.join(OFFICIAL_WEIGHTS)}; it is not an EAGLE-3 checkpoint")
+
+
+def _map_official(state: dict[str, torch.Tensor], expected: set[str], folder: Path) -> dict[str, torch.Tensor]:
+    """Official key -> ours. Our module names mirror the official ones, so the map is the identity
+    over ``expected``; every other key must be one we deliberately ignore."""
+    ignored = {k for k in state if k in OFFICIAL_IGNORED or k.endswith(OFFICIAL_IGNORED_SUFFIX)}
+    unmapped = sorted(set(state) - expected - ignored)
+    missing = sorted(expected - set(state))
+    if unmapped:
+        raise SpecbenchError(f"EAGLE-3 checkpoint {folder} has keys this loader does not map: {', '.join(unmapped)}")
+    if missing:
+        raise SpecbenchError(f"EAGLE-3 checkpoint {folder} lacks keys: {', '.join(missing)}")
+    return {k: state[k] for k in expected}
+
+
+def _load_official(cls: type[Eagle3Model], folder: Path, raw: dict, target: Target) -> Eagle3Model:
+    arch = Eagle3Config.from_official(raw, str(folder / CONFIG))
+    tapped = raw.get("target_hidden_size", arch.hidden_size)  # some trainers record the fc input width
+    if tapped != target.hidden_size:
+        raise SpecbenchError(f"drafter {folder} fuses taps of hidden size {tapped} but target {target.name!r} has "
+                             f"{target.hidden_size}; use an EAGLE-3 drafter trained for this target")
+    model = _build(cls, arch, eagle3_taps(target.num_layers), target, folder)
+    state = _map_official(_read_official_weights(folder), set(model.state_dict()), folder)
+    return _fill(model, state, folder)
+
+
+# ---- tree selection (pure) -------------------------------------------------------------------
+def select_nodes(parents: torch.Tensor, scores: torch.Tensor, budget: int) -> torch.Tensor:
+    """Indices (ascending, so still topological) of the best ``budget`` candidates by score, closed
+    under ancestors. Sorting by (-score, index) puts a parent before its children (its score is
+    >= theirs and its index smaller), so any prefix is already closed; the filter is a safeguard
+    for scores that do not fall along paths."""
+    order = torch.sort(-scores, stable=True).indices[:budget]
+    parent_of = parents.tolist()
+    kept: set[int] = set()
+    for i in order.sort().values.tolist():
+        if parent_of[i] < 0 or parent_of[i] in kept:
+            kept.add(i)
+    return torch.tensor(sorted(kept), dtype=torch.long)
+
+
+def candidates_to_tree(tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor, budget: int) -> DraftTree:
+    """Rerank recorded candidates (target-vocab ``tokens``, candidate-index ``parents``) into a tree."""
+    keep = select_nodes(parents, scores, budget)
+    parent_of = parents.tolist()
+    new_index = {-1: -1} | {old: new for new, old in enumerate(keep.tolist())}
+    new_parents = [new_index[parent_of[i]] for i in keep.tolist()]
+    return DraftTree(tokens[keep], torch.tensor(new_parents, dtype=torch.long), scores=scores[keep],
+                     kind=SiblingKind.DETERMINISTIC).dedup()
+
+
+# ---- the drafter -----------------------------------------------------------------------------
+@dataclass
+class Eagle3Options:
+    path: str = ""  # drafter folder (ours or official EAGLE-3); empty = drafters/<target>/eagle3
+    top_k: int = 10  # frontier width and children per frontier node
+    depth: int = 7  # tree-growing forwards after the first (tree depth <= depth + 1)
+    total_tokens: int = 60  # verify rows incl. the root: at most total_tokens - 1 draft nodes
+
+
+@dataclass
+class _Frontier:
+    """The top_k nodes expanded next: draft ids, output hidden of their parents, cumulative
+    scores, candidate indices, and which transient tree-KV rows are their ancestors."""
+
+    draft_ids: torch.Tensor  # [k]
+    hidden: torch.Tensor  # [k, H]
+    scores: torch.Tensor  # [k]
+    index: torch.Tensor  # [k]
+    ancestors: torch.Tensor  # [k, tree rows] bool
+
+
+class Eagle3Drafter(Drafter):
+    name = "eagle3"
+    Options = Eagle3Options
+
+    def __init__(self, options: Eagle3Options | None = None, model: Eagle3Model | None = None) -> None:
+        super().__init__(options)
+        o = self.options
+        if o.top_k < 1 or o.depth < 1 or o.total_tokens < 2:
+            raise SpecbenchError(f"eagle3: need top_k >= 1, depth >= 1, total_tokens >= 2 "
+                                 f"(got {o.top_k}, {o.depth}, {o.total_tokens})")
+        self.model = model
+
+    def setup(self, target: Target) -> None:
+        super().setup(target)
+        if self.model is None:
+            path = Path(self.options.path or SHIPPED_DIR / target.name / "eagle3").expanduser()
+            if not path.is_dir():
+                raise SpecbenchError(f"eagle3 needs a drafter folder for target {target.name!r} ({path} does not "
+                                     "exist); pass --opt path=FOLDER (ours or the official EAGLE-3 layout)")
+            self.model = Eagle3Model.load(path, target)
+        self.model.to(device=target.device, dtype=target.dtype).eval()
+        self.taps = self.model.taps
+        self.k = min(self.options.top_k, self.model.config.draft_vocab_size)
+
+    def begin(self, state: DecodeState, prefill: TargetOutput) -> None:
+        cfg = self.model.config
+        empty = torch.empty(1, cfg.num_key_value_heads, 0, cfg.head_dim, device=self.target.device,
+                            dtype=self.model.dtype)
+        self.stable: KV = (empty, empty)  # committed positions only
+        self.pending = self.model.features(prefill.taps)  # taps of committed positions not yet encoded
+
+    @torch.inference_mode()
+    def propose(self, state: DecodeState) -> DraftTree:
+        last_hidden = self._encode_committed(state)
+        tokens, parents, scores = self._grow(last_hidden, state)
+        with state.timer.phase("tree_build"):
+            return candidates_to_tree(self.model.to_target_ids(tokens).cpu(), parents.cpu(), scores.float().cpu(),
+                                      self.options.total_tokens - 1)
+
+    def observe(self, state: DecodeState, result: VerifyResult) -> None:
+        # Tree keys/values never enter self.stable, so it already holds committed positions only;
+        # the kept rows' taps (root + accepted) are the features of the next positions to encode.
+        self.pending = self.model.features(result.taps)
+
+    def _encode_committed(self, state: DecodeState) -> torch.Tensor:
+        """Encode pairs (features j, token j+1) for the new committed positions; return the last
+        output hidden (features n-2 with the bonus), which proposes depth 1."""
+        start = self.stable[0].shape[2]
+        device = self.target.device
+        ids = torch.tensor([state.tokens[start + 1:]], device=device)
+        positions = torch.arange(start, start + ids.shape[1], device=device)[None]
+        with state.timer.forward("drafter"):
+            out, self.stable = self.model(self.pending[None], ids, positions, past=self.stable)
+        self.pending = self.pending[:0]
+        return out[0, -1]
+
+    def _grow(self, last_hidden: torch.Tensor, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Record every candidate of ``depth`` frontier expansions: (draft ids, parent candidate
+        index or -1, cumulative log-prob), in topological order."""
+        k, m = self.k, self.model
+        scores, ids = self._log_probs(last_hidden[None])[0].topk(k)
+        device = ids.device
+        eye = torch.eye(k, dtype=torch.bool, device=device)
+        tokens, parents, all_scores = [ids], [torch.full_like(ids, -1)], [scores]
+        front = _Frontier(ids, last_hidden.expand(k, -1), scores, torch.arange(k, device=device),
+                          torch.zeros(k, 0, dtype=torch.bool, device=device))
+        kv = self.stable
+        # Drafter position j holds token j+1, so a depth-d node sits at (stable length) + d - 1.
+        committed = kv[0].shape[2]
+        for step in range(self.options.depth):
+            visible = torch.cat([torch.ones(k, committed, dtype=torch.bool, device=device), front.ancestors, eye], 1)
+            with state.timer.forward("drafter"):
+                out, kv = m(front.hidden[None], m.to_target_ids(front.draft_ids)[None],
+                            torch.full((1, k), committed + step, device=device), past=kv, visible=visible)
+            child_lp, child_ids = self._log_probs(out[0]).topk(k)
+            cumulative = (front.scores[:, None] + child_lp).reshape(-1)
+            first = sum(t.numel() for t in tokens)  # candidate index of this level's first child
+            tokens.append(child_ids.reshape(-1))
+            parents.append(front.index.repeat_interleave(k))
+            all_scores.append(cumulative)
+            best_scores, best = cumulative.topk(k)  # the next frontier: global top_k of the k*k children
+            rows = best // k
+            front = _Frontier(child_ids.reshape(-1)[best], out[0, rows], best_scores, first + best,
+                              torch.cat([front.ancestors, eye], 1)[rows])
+        return torch.cat(tokens), torch.cat(parents), torch.cat(all_scores)
+
+    def _log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
+        # log_softmax <= 0 keeps scores non-increasing along paths (select_nodes relies on it).
+        return self.model.logits(hidden).float().log_softmax(-1).clamp(max=0.0)
