@@ -66,6 +66,36 @@ def data(
     typer.echo(f"{len(examples)} examples, {tokens} response tokens -> {out}")
 
 
+def _fit(target, examples: list[dict], module, loss_fn, taps: list[int], save, out: Path, recipe, held_out: float,
+         data_file: Path, cache_features: bool) -> dict:
+    """Split off a held-out set, train with the shared Trainer, save, and write eval.json."""
+    from specbench.target import cache_dir
+    from specbench.training.features import FeatureCache, iterate_batches
+    from specbench.training.trainer import Trainer
+
+    random.Random(recipe.seed).shuffle(examples)
+    n_eval = max(1, int(len(examples) * held_out))
+    evals, trains = examples[:n_eval], examples[n_eval:]
+    recipe.extra.update({"data": str(data_file), "train_examples": len(trains), "eval_examples": len(evals),
+                         "train_response_tokens": sum(len(e["response_ids"]) for e in trains)})
+    cache = FeatureCache(cache_dir() / "features" / data_file.stem, taps) if cache_features else None
+    bs, length = recipe.batch_size, recipe.max_length
+    trainer = Trainer(module, loss_fn, recipe, out, save=save)
+    final = trainer.fit(lambda epoch: iterate_batches(target, trains, taps, bs, length, seed=epoch, cache=cache),
+                        (len(trains) + bs - 1) // bs,
+                        lambda: iterate_batches(target, evals, taps, bs, length, shuffle=False, cache=cache))
+    (Path(out) / "drafter" / "eval.json").write_text(json.dumps(final, indent=2) + "\n")
+    typer.echo(f"held-out: {json.dumps(final)}; drafter in {Path(out) / 'drafter'}")
+    return final
+
+
+def _recipe(lr: float, epochs: int, batch_size: int, max_length: int, **extra):
+    from specbench.training.trainer import Recipe
+
+    return Recipe(lr=lr, epochs=epochs, batch_size=batch_size, max_length=max_length, grad_clip=0.5,
+                  eval_every=100, save_every=50, extra=extra)
+
+
 @train_app.command("sps-student")
 def sps_student(
     out: Path = typer.Option(..., help="Folder to write the drafter to."),
@@ -85,25 +115,47 @@ def sps_student(
 ) -> None:
     """Distil a small SpS draft model from the target (KL on target-regenerated responses)."""
     from methods.sps_student import build_student, distillation_loss, save_student
-    from specbench.target import Target, cache_dir
-    from specbench.training.features import FeatureCache, iterate_batches
-    from specbench.training.trainer import Recipe, Trainer
+    from specbench.target import Target
 
     t = Target.load(target, "float32")
     data_file, examples = _load_data(t, prompts, data_dir, limit, max_new_tokens, 8, 0.0, max_prompt_tokens)
-    random.Random(0).shuffle(examples)
-    n_eval = max(1, int(len(examples) * held_out))
-    evals, trains = examples[:n_eval], examples[n_eval:]
     chosen = [int(x) for x in layers.split(",")]
     student = build_student(t, chosen)
-    recipe = Recipe(lr=lr, epochs=epochs, batch_size=batch_size, max_length=max_length, grad_clip=0.5,
-                    eval_every=100, save_every=50, extra={"layers": chosen, "data": str(data_file),
-                                                          "train_examples": len(trains), "eval_examples": len(evals)})
-    cache = FeatureCache(cache_dir() / "features" / data_file.stem, [-1]) if cache_features else None
-    trainer = Trainer(student, lambda b: distillation_loss(student, b), recipe, out,
-                      save=lambda folder: save_student(folder, student, t, chosen, recipe.__dict__))
-    steps = (len(trains) + batch_size - 1) // batch_size
-    final = trainer.fit(lambda epoch: iterate_batches(t, trains, [-1], batch_size, max_length, seed=epoch, cache=cache),
-                        steps, lambda: iterate_batches(t, evals, [-1], batch_size, max_length, shuffle=False, cache=cache))
-    (Path(out) / "drafter" / "eval.json").write_text(json.dumps(final, indent=2) + "\n")
-    typer.echo(f"held-out: {json.dumps(final)}; drafter in {Path(out) / 'drafter'}")
+    recipe = _recipe(lr, epochs, batch_size, max_length, layers=chosen)
+    _fit(t, examples, student, lambda b: distillation_loss(student, b), [-1],
+         lambda folder: save_student(folder, student, t, chosen, recipe.__dict__), out, recipe, held_out, data_file,
+         cache_features)
+
+
+@train_app.command("eagle3")
+def eagle3(
+    out: Path = typer.Option(..., help="Folder to write the drafter to."),
+    target: str = typer.Option("smollm2-135m"),
+    draft_vocab: int = typer.Option(4096, help="Reduced draft vocabulary (most frequent response tokens)."),
+    steps: int = typer.Option(7, help="Training-time-test unroll steps."),
+    prompts: Optional[str] = typer.Option(None),
+    data_dir: Optional[str] = typer.Option(None),
+    limit: Optional[int] = typer.Option(400, help="Training prompts."),
+    max_new_tokens: int = typer.Option(128),
+    epochs: int = typer.Option(4),
+    lr: float = typer.Option(1e-3),
+    batch_size: int = typer.Option(8),
+    max_length: int = typer.Option(384),
+    held_out: float = typer.Option(0.05, help="Share of examples kept for evaluation."),
+    cache_features: bool = typer.Option(True, help="Cache target taps to disk (fp16) after the first epoch."),
+    max_prompt_tokens: int = typer.Option(512, help="Skip prompts longer than this (rendered)."),
+) -> None:
+    """Train an EAGLE-3 drafter (training-time test over ``steps`` unrolled steps, 0.8^s decay)."""
+    from methods.eagle3 import Eagle3Model, build_vocab_mapping
+    from specbench.target import Target
+    from specbench.training.features import token_counts
+
+    t = Target.load(target, "float32")
+    data_file, examples = _load_data(t, prompts, data_dir, limit, max_new_tokens, 8, 0.0, max_prompt_tokens)
+    d2t, t2d, coverage = build_vocab_mapping(token_counts(examples, t.vocab_size), draft_vocab)
+    typer.echo(f"draft vocabulary {draft_vocab}: {100 * coverage:.2f}% of response tokens")
+    model = Eagle3Model.from_target(t, (d2t, t2d))
+    recipe = _recipe(lr, epochs, batch_size, max_length, draft_vocab=draft_vocab, vocab_coverage=coverage,
+                     unroll_steps=steps)
+    _fit(t, examples, model, lambda b: model.training_loss(b, steps=steps), list(model.taps),
+         lambda folder: model.save(folder, t, recipe.__dict__), out, recipe, held_out, data_file, cache_features)
