@@ -71,6 +71,7 @@ def _fit(target, examples: list[dict], module, loss_fn, taps: list[int], save, o
     """Split off a held-out set, train with the shared Trainer, save, and write eval.json."""
     from specbench.target import cache_dir
     from specbench.training.features import FeatureCache, iterate_batches
+    from specbench.training.model_card import write_model_card
     from specbench.training.trainer import Trainer
 
     random.Random(recipe.seed).shuffle(examples)
@@ -85,6 +86,7 @@ def _fit(target, examples: list[dict], module, loss_fn, taps: list[int], save, o
                         (len(trains) + bs - 1) // bs,
                         lambda: iterate_batches(target, evals, taps, bs, length, shuffle=False, cache=cache))
     (Path(out) / "drafter" / "eval.json").write_text(json.dumps(final, indent=2) + "\n")
+    write_model_card(Path(out) / "drafter", final)
     typer.echo(f"held-out: {json.dumps(final)}; drafter in {Path(out) / 'drafter'}")
     return final
 
