@@ -10,3 +10,28 @@ import torch  # noqa: E402
 
 # Tiny models and per-sample tensor ops are faster single-threaded (no pool wake-ups).
 torch.set_num_threads(1)
+
+import pytest  # noqa: E402
+
+from specbench.target import embedded_gguf  # noqa: E402
+from tiny import tiny_llama  # noqa: E402
+
+
+def save_tiny(folder: Path, tokenizer, seed: int, context: int = 512, layers: int = 2) -> str:
+    model = tiny_llama(seed, vocab=len(tokenizer), hidden=32, layers=layers, init=0.05, eos=tokenizer.eos_token_id)
+    model.config.max_position_embeddings = context
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory):
+    """Tiny random target and draft with SmolLM2's real tokenizer and chat template."""
+    from transformers import AutoTokenizer
+
+    gguf = embedded_gguf("smollm2-135m")
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    root = tmp_path_factory.mktemp("models")
+    return {"target": save_tiny(root / "target", tok, 0), "draft": save_tiny(root / "draft", tok, 1),
+            "short": save_tiny(root / "short", tok, 0, context=64), "deep": save_tiny(root / "deep", tok, 2, layers=4)}

@@ -15,30 +15,9 @@ import pytest
 import torch
 
 from specbench.cli import main
-from specbench.target import embedded_gguf
-from tiny import tiny_llama
+from conftest import save_tiny
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def save_tiny(folder: Path, tokenizer, seed: int, context: int = 512) -> str:
-    model = tiny_llama(seed, vocab=len(tokenizer), hidden=32, layers=2, init=0.05, eos=tokenizer.eos_token_id)
-    model.config.max_position_embeddings = context
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
-
-
-@pytest.fixture(scope="session")
-def models(tmp_path_factory):
-    """Tiny random target and draft with SmolLM2's real tokenizer and chat template."""
-    from transformers import AutoTokenizer
-
-    gguf = embedded_gguf("smollm2-135m")
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    root = tmp_path_factory.mktemp("models")
-    return {"target": save_tiny(root / "target", tok, 0), "draft": save_tiny(root / "draft", tok, 1),
-            "short": save_tiny(root / "short", tok, 0, context=64)}
 
 
 def cli(args: list[str], capsys) -> tuple[int, str, str]:

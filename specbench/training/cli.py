@@ -7,6 +7,7 @@ import random
 from pathlib import Path
 from typing import Optional
 
+import torch
 import typer
 
 from specbench.errors import SpecbenchError
@@ -161,3 +162,36 @@ def eagle3(
                      unroll_steps=steps)
     _fit(t, examples, model, lambda b: model.training_loss(b, steps=steps), list(model.taps),
          lambda folder: model.save(folder, t, recipe.__dict__), out, recipe, held_out, data_file, cache_features)
+
+
+@train_app.command("medusa")
+def medusa(
+    out: Path = typer.Option(..., help="Folder to write the drafter to."),
+    target: str = typer.Option("smollm2-135m"),
+    heads: int = typer.Option(5, help="Medusa heads (head k predicts k+2 tokens ahead)."),
+    layers: int = typer.Option(1, help="ResBlocks per head."),
+    shared_lm_head: bool = typer.Option(True, help="Reuse the target's frozen lm_head in every head (small checkpoint)."),
+    prompts: Optional[str] = typer.Option(None),
+    data_dir: Optional[str] = typer.Option(None),
+    limit: Optional[int] = typer.Option(400, help="Training prompts."),
+    max_new_tokens: int = typer.Option(128),
+    epochs: int = typer.Option(2),
+    lr: float = typer.Option(1e-3),
+    batch_size: int = typer.Option(8),
+    max_length: int = typer.Option(384),
+    held_out: float = typer.Option(0.05, help="Share of examples kept for evaluation."),
+    cache_features: bool = typer.Option(True, help="Cache target taps to disk (fp16) after the first epoch."),
+    max_prompt_tokens: int = typer.Option(512, help="Skip prompts longer than this (rendered)."),
+) -> None:
+    """Train Medusa-1 heads on the frozen target (sum_k 0.8^k CE of head k vs token k+2 ahead)."""
+    from methods.medusa import MedusaHeads, save_medusa
+    from specbench.target import Target
+
+    t = Target.load(target, "float32")
+    data_file, examples = _load_data(t, prompts, data_dir, limit, max_new_tokens, 8, 0.0, max_prompt_tokens)
+    model = MedusaHeads.for_target(t, num_heads=heads, num_layers=layers, shared_lm_head=shared_lm_head)
+    recipe = _recipe(lr, epochs, batch_size, max_length, heads=heads, layers=layers, shared_lm_head=shared_lm_head)
+    recipe.warmup_ratio = 0.1
+    _fit(t, examples, model, model.training_loss, [-1],
+         lambda folder: save_medusa(folder, model, t, recipe.__dict__, dtype=torch.bfloat16), out, recipe, held_out,
+         data_file, cache_features)

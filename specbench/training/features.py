@@ -29,13 +29,13 @@ def pad_examples(examples: Sequence[dict], max_length: int) -> tuple[torch.Tenso
     return ids, attn, loss
 
 
-@torch.inference_mode()
+@torch.no_grad()  # not inference_mode: autograd must be able to save these as loss inputs
 def target_taps(target: Target, ids: torch.Tensor, attn: torch.Tensor, taps: Sequence[int]) -> dict[int, torch.Tensor]:
     """Hidden states of the requested ``hidden_states`` indices (always including -1), fp32."""
     out = target.model(input_ids=ids.to(target.device), attention_mask=attn.to(target.device),
                        output_hidden_states=True, use_cache=False)
     wanted = sorted(set(taps) | {-1})
-    return {i: out.hidden_states[i].float().clone() for i in wanted}
+    return {i: out.hidden_states[i].float() for i in wanted}
 
 
 class FeatureCache:

@@ -1,0 +1,71 @@
+"""`specbench train` end to end on a tiny target with the real SmolLM2 tokenizer: regenerate
+data, train, save a drafter folder with a model card, and run it through the engine."""
+
+import json
+
+from methods.eagle3 import Eagle3Drafter, Eagle3Options
+from methods.sps import SpSDrafter, SpSOptions
+from methods.vanilla import VanillaDrafter
+from specbench.engine import GenerationConfig, generate
+from specbench.target import Target
+from test_cli import cli
+
+
+def prompt_file(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    rows = [{"id": f"p{i}", "turns": [f"Tell me about topic number {i}."]} for i in range(6)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def common(models, tmp_path, out, target="target"):
+    return ["--target", models[target], "--prompts", prompt_file(tmp_path), "--limit", "6", "--max-new-tokens", "12",
+            "--epochs", "1", "--batch-size", "2", "--max-length", "64", "--out", str(out)]
+
+
+def assert_trained(out):
+    folder = out / "drafter"
+    assert (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
+    assert "held-out top-1 accuracy" in (folder / "README.md").read_text()
+    assert json.loads((folder / "eval.json").read_text())["steps"] == 3
+    assert len((out / "train_log.jsonl").read_text().splitlines()) >= 3
+    return folder
+
+
+def lossless(target, drafter):
+    vanilla = VanillaDrafter()
+    vanilla.setup(target)
+    drafter.setup(target)
+    config = GenerationConfig(max_new_tokens=16)
+    prompt = target.tokenizer("Hello there")["input_ids"]
+    assert generate(target, drafter, prompt, config).new_tokens == generate(target, vanilla, prompt, config).new_tokens
+
+
+def test_train_sps_student_then_run_it(models, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    code, out, err = cli(["train", "sps-student", "--layers", "0,1", *common(models, tmp_path, tmp_path / "s")], capsys)
+    assert code == 0, err
+    folder = assert_trained(tmp_path / "s")
+    target = Target.load(models["target"], "float32")
+    lossless(target, SpSDrafter(SpSOptions(draft=str(folder), gamma=3)))
+
+
+def test_train_eagle3_then_run_it(models, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    code, out, err = cli(["train", "eagle3", "--draft-vocab", "512", "--steps", "2",
+                          *common(models, tmp_path, tmp_path / "e", "deep")], capsys)
+    assert code == 0, err
+    folder = assert_trained(tmp_path / "e")
+    target = Target.load(models["deep"], "float32")
+    lossless(target, Eagle3Drafter(Eagle3Options(path=str(folder), depth=2, top_k=3, total_tokens=8)))
+
+
+def test_train_medusa_then_run_it(models, tmp_path, capsys, monkeypatch):
+    from methods.medusa import MedusaDrafter, MedusaOptions
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    code, out, err = cli(["train", "medusa", "--heads", "3", *common(models, tmp_path, tmp_path / "m")], capsys)
+    assert code == 0, err
+    folder = assert_trained(tmp_path / "m")
+    target = Target.load(models["target"], "float32")
+    lossless(target, MedusaDrafter(MedusaOptions(path=str(folder), topk=4)))
