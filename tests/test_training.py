@@ -48,7 +48,7 @@ def test_schedule_and_proxy():
 def test_feature_cache_returns_what_was_computed(tmp_path):
     target = tiny_target(0)
     data = examples(target, 4)
-    cache = FeatureCache(tmp_path, [1])
+    cache = FeatureCache(tmp_path, [1], 64)
     first = list(iterate_batches(target, data, [1], 2, 64, shuffle=False, cache=cache))
     second = list(iterate_batches(target, data, [1], 2, 64, shuffle=False, cache=cache))
     for a, b in zip(first, second):

@@ -80,8 +80,8 @@ def _fit(target, examples: list[dict], module, loss_fn, taps: list[int], save, o
     evals, trains = examples[:n_eval], examples[n_eval:]
     recipe.extra.update({"data": str(data_file), "train_examples": len(trains), "eval_examples": len(evals),
                          "train_response_tokens": sum(len(e["response_ids"]) for e in trains)})
-    cache = FeatureCache(cache_dir() / "features" / data_file.stem, taps) if cache_features else None
     bs, length = recipe.batch_size, recipe.max_length
+    cache = FeatureCache(cache_dir() / "features" / data_file.stem, taps, length) if cache_features else None
     trainer = Trainer(module, loss_fn, recipe, out, save=save)
     final = trainer.fit(lambda epoch: iterate_batches(target, trains, taps, bs, length, seed=epoch, cache=cache),
                         (len(trains) + bs - 1) // bs,
