@@ -384,6 +384,10 @@ class MedusaOptions:
     topk: int = 10  # candidates per head (reference TOPK)
     choices: str = "mc_sim_7b_63"  # a built-in tree name or a JSON list of rank paths
     heads: int = 0  # use the first N heads; 0 = all in the checkpoint
+    # Keep only the first N paths (the published lists are ordered by estimated acceptance, and
+    # every prefix of mc_sim_7b_63 is prefix-closed): smaller trees suit CPUs, where verify cost
+    # grows past ~16 nodes. 0 = the whole list.
+    max_nodes: int = 0
 
 
 class MedusaDrafter(Drafter):
@@ -397,7 +401,11 @@ class MedusaDrafter(Drafter):
             raise SpecbenchError(f"medusa: topk must be >= 1, got {self.options.topk}")
         if self.options.heads < 0:
             raise SpecbenchError(f"medusa: heads must be >= 0, got {self.options.heads}")
+        if self.options.max_nodes < 0:
+            raise SpecbenchError(f"medusa: max_nodes must be >= 0, got {self.options.max_nodes}")
         self.choices = resolve_choices(self.options.choices)
+        if self.options.max_nodes:
+            self.choices = self.choices[: self.options.max_nodes]
         self.heads = heads
         self.last_hidden: torch.Tensor | None = None
 

@@ -327,3 +327,10 @@ def test_sampled_generation_is_seed_reproducible(target, trained):
     first = run(11)
     assert len(first) == 30 and run(11) == first
     assert any(run(seed) != first for seed in (12, 13, 14))
+
+
+def test_max_nodes_keeps_a_prefix_closed_head_of_the_list():
+    drafter = MedusaDrafter(MedusaOptions(max_nodes=15))
+    assert drafter.choices == [tuple(c) for c in MC_SIM_7B_63[:15]]
+    skeleton = TreeSkeleton.build(drafter.choices, num_heads=5, topk=10, device="cpu")
+    assert len(skeleton.parents) == 15
