@@ -78,7 +78,11 @@ def sweep_frame(cells: pd.DataFrame, block: Block) -> pd.DataFrame:
     part = part[part.method.map(lambda m: budget_of(m) is not None)]
     if part.empty:
         return pd.DataFrame(columns=["base", "budget", "bench", "tau", "speedup"])
-    means = pd.DataFrame({"tau": mean_over_benches(part, "tau"), "speedup": mean_over_benches(part, "speedup")})
+    # A mean line compares budgets only over the benches that every budget of the method ran.
+    base_of = part.method.map(lambda m: budget_of(m)[0])
+    common = {b: set.intersection(*(set(g.bench) for _, g in grp.groupby("method"))) for b, grp in part.groupby(base_of)}
+    shared = part[[bench in common[base] for base, bench in zip(base_of, part.bench)]]
+    means = pd.DataFrame({"tau": mean_over_benches(shared, "tau"), "speedup": mean_over_benches(shared, "speedup")})
     means = means.reset_index().assign(bench="mean")
     rows = pd.concat([part[["method", "bench", "tau", "speedup"]], means[["method", "bench", "tau", "speedup"]]])
     rows = rows.assign(base=rows.method.map(lambda m: budget_of(m)[0]),
