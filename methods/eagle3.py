@@ -32,7 +32,7 @@ from specbench.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
 from specbench.target import Target, TargetOutput
 from specbench.training.batch import TrainBatch
-from specbench.training.checkpoint import (CONFIG, load_drafter, read_drafter_config, save_drafter,
+from specbench.training.checkpoint import (CONFIG, load_drafter, read_drafter_config, read_weights, save_drafter,
                                           target_fingerprint)
 from specbench.tree import DraftTree, SiblingKind
 
@@ -442,20 +442,8 @@ def _fill(model: Eagle3Model, state: dict[str, torch.Tensor], folder: str | Path
     return model
 
 
-def _read_official_weights(folder: Path) -> dict[str, torch.Tensor]:
-    for name in OFFICIAL_WEIGHTS:
-        path = folder / name
-        if not path.is_file():
-            continue
-        try:
-            if name.endswith(".safetensors"):
-                from safetensors.torch import load_file
-
-                return load_file(str(path))
-            return torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:  # several exception types for truncated or garbled files
-            raise SpecbenchError(f"{path} is corrupt ({type(exc).__name__}); re-download it") from None
-    raise SpecbenchError(f"{folder} has no {' or '.join(OFFICIAL_WEIGHTS)}; it is not an EAGLE-3 checkpoint")
+def _read_official_weights(folder) -> dict[str, torch.Tensor]:
+    return read_weights(folder, OFFICIAL_WEIGHTS, "EAGLE-3")
 
 
 def _map_official(state: dict[str, torch.Tensor], expected: set[str], folder: Path) -> dict[str, torch.Tensor]:

@@ -30,7 +30,8 @@ from specbench.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
 from specbench.target import Target
 from specbench.training.batch import TrainBatch
-from specbench.training.checkpoint import load_drafter, read_drafter_config, save_drafter, target_fingerprint
+from specbench.training.checkpoint import (load_drafter, read_drafter_config, read_weights, save_drafter,
+                                           target_fingerprint)
 from specbench.tree import DraftTree, SiblingKind
 
 METHOD = "medusa"
@@ -253,19 +254,7 @@ def _check_keys(found: set[str], expected: set[str], folder) -> None:
 
 
 def _read_official_weights(folder) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    for name in OFFICIAL_WEIGHTS:
-        path = Path(folder) / name
-        if not path.is_file():
-            continue
-        try:
-            if name.endswith(".safetensors"):
-                return load_file(str(path))
-            return torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:  # both loaders raise several types for garbled files
-            raise SpecbenchError(f"{path} is corrupt ({type(exc).__name__}); re-download it") from None
-    raise SpecbenchError(f"{folder} has none of {', '.join(OFFICIAL_WEIGHTS)}; the Medusa checkpoint is incomplete")
+    return read_weights(folder, OFFICIAL_WEIGHTS, "Medusa")
 
 
 def official_key_map(num_heads: int, num_layers: int) -> dict[str, tuple[str, int, int]]:

@@ -79,3 +79,19 @@ def check_target(config: dict, target, folder: str | Path) -> None:
         if key in trained and trained[key] != ours[key]:
             raise SpecbenchError(f"drafter {folder} was trained for target {trained.get('name', '?')!r} "
                                  f"({key} differs from {target.name!r}); train one for this target with `specbench train`")
+
+
+def read_weights(folder: str | Path, candidates: tuple[str, ...], kind: str) -> dict[str, torch.Tensor]:
+    """The first of ``candidates`` (.safetensors or a torch pickle, loaded weights-only) in ``folder``;
+    used by the loaders of published checkpoint formats."""
+    for name in candidates:
+        path = Path(folder) / name
+        if not path.is_file():
+            continue
+        try:
+            if name.endswith(".safetensors"):
+                return load_file(str(path))
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # both loaders raise several types for truncated or garbled files
+            raise SpecbenchError(f"{path} is corrupt ({type(exc).__name__}); re-download it") from None
+    raise SpecbenchError(f"{folder} has none of {', '.join(candidates)}; it is not a complete {kind} checkpoint")
