@@ -111,3 +111,14 @@ def test_checkpoint_refuses_other_target_and_corrupt_files(tmp_path):
     (tmp_path / "d" / "config.json").write_text("{not json")
     with pytest.raises(SpecbenchError, match="corrupt"):
         load_drafter(tmp_path / "d", target)
+
+
+def test_bf16_autocast_training_runs(tmp_path):
+    target = tiny_target(0, layers=4)
+    data = examples(target, 4)
+    student = build_student(target, [0, 3])
+    recipe = Recipe(lr=3e-3, epochs=2, batch_size=4, max_length=64, dtype="bfloat16", eval_every=1000)
+    trainer = Trainer(student, lambda b: distillation_loss(student, b), recipe, tmp_path / "run", save=lambda f: None)
+    final = trainer.fit(lambda epoch: iterate_batches(target, data, [-1], 4, 64, seed=epoch), steps_per_epoch=1,
+                        eval_batches=lambda: iterate_batches(target, data, [-1], 4, 64, shuffle=False))
+    assert final["steps"] == 2 and final["loss"] == final["loss"]  # finite, not NaN
