@@ -27,7 +27,7 @@ bench:
 	$(PY) bench/engine_vs_hf.py
 
 run:
-	$(VENV)/bin/specbench run --method sps --bench humaneval --limit 3 --max-new-tokens 64
+	$(VENV)/bin/specbench run --method sps --bench humaneval --limit 3 --max-new-tokens 64 --out results/quickstart.jsonl
 
 report:
 	$(VENV)/bin/specbench report --show
