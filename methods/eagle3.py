@@ -53,23 +53,6 @@ def eagle3_taps(num_layers: int) -> tuple[int, int, int]:
     return 2, num_layers // 2, num_layers - 3
 
 
-def build_vocab_mapping(token_counts: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """The ``size`` most frequent token ids (ties: lower id first), as EAGLE-3's reduced vocabulary.
-
-    Returns ``d2t`` [size] offsets (target id = draft id + d2t[draft id], draft ids in target-id
-    order), ``t2d`` [V] bool membership, and the share of counted tokens inside the vocabulary."""
-    counts = torch.as_tensor(token_counts).reshape(-1)
-    if not 1 <= size <= counts.numel():
-        raise ValueError(f"draft vocabulary size must be in [1, {counts.numel()}], got {size}")
-    chosen = torch.sort(-counts, stable=True).indices[:size].sort().values
-    d2t = chosen - torch.arange(size)
-    t2d = torch.zeros(counts.numel(), dtype=torch.bool)
-    t2d[chosen] = True
-    total = float(counts.sum())
-    coverage = float(counts[chosen].sum()) / total if total > 0 else 0.0
-    return d2t, t2d, coverage
-
-
 # ---- architecture ----------------------------------------------------------------------------
 @dataclass
 class Eagle3Config:
@@ -276,7 +259,7 @@ class Eagle3Model(nn.Module):
     # ---- construction -------------------------------------------------------------------
     @classmethod
     def from_target(cls, target: Target, vocab: tuple[torch.Tensor, torch.Tensor] | None = None) -> "Eagle3Model":
-        """A fresh drafter for ``target``; ``vocab`` = (d2t, t2d) from ``build_vocab_mapping``
+        """A fresh drafter for ``target``; ``vocab`` = (d2t, t2d) from ``specbench.training.vocab.build_vocab_mapping``
         (default: the full target vocabulary)."""
         draft_vocab = target.vocab_size if vocab is None else int(vocab[0].numel())
         model = cls(Eagle3Config.from_target(target, draft_vocab), eagle3_taps(target.num_layers),

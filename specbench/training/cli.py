@@ -149,9 +149,10 @@ def eagle3(
     max_prompt_tokens: int = typer.Option(512, help="Skip prompts longer than this (rendered)."),
 ) -> None:
     """Train an EAGLE-3 drafter (training-time test over ``steps`` unrolled steps, 0.8^s decay)."""
-    from methods.eagle3 import Eagle3Model, build_vocab_mapping
+    from methods.eagle3 import Eagle3Model
     from specbench.target import Target
     from specbench.training.features import token_counts
+    from specbench.training.vocab import build_vocab_mapping
 
     t = Target.load(target, "float32")
     data_file, examples = _load_data(t, prompts, data_dir, limit, max_new_tokens, 8, 0.0, max_prompt_tokens)
