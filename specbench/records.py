@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
-DRAFT_PHASES = ("draft",)  # drafter time (tree_build and adapt are sub-phases inside it)
 DECODE_PHASES = ("draft", "verify", "commit")
 
 

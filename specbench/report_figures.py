@@ -21,7 +21,7 @@ from matplotlib.ticker import MaxNLocator
 
 from specbench import metrics
 from specbench.records import DECODE_PHASES, GenerationRecord
-from specbench.report import VANILLA, Block, bench_key, bench_label, block_label, budget_of, mean_over_benches
+from specbench.report import VANILLA, Block, bench_label, block_label, budget_of, mean_over_benches
 
 if TYPE_CHECKING:
     from specbench.report import Report

@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from specbench.cli import main
 from conftest import save_tiny

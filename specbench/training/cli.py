@@ -14,6 +14,18 @@ from specbench.errors import SpecbenchError
 
 train_app = typer.Typer(no_args_is_help=True, help="Regenerate training data and train drafters.")
 
+# Options every drafter-training command takes, declared once so defaults and help cannot drift.
+OUT = typer.Option(..., help="Folder to write the drafter to.")
+TARGET = typer.Option("smollm2-135m", help="Target the drafter is trained for.")
+PROMPTS = typer.Option(None, help="Prompt JSONL (default: <data dir>/train_prompts/sharegpt_first_turns.jsonl).")
+DATA_DIR = typer.Option(None, help="Data folder (else $SPECBENCH_DATA).")
+TRAIN_LIMIT = typer.Option(400, help="Training prompts.")
+RESPONSE_TOKENS = typer.Option(128, help="Response length cap when regenerating.")
+MAX_LENGTH = typer.Option(384, help="Training sequence length (prompt + response).")
+HELD_OUT = typer.Option(0.05, help="Share of examples kept for evaluation.")
+CACHE_FEATURES = typer.Option(True, help="Cache target taps to disk (fp16) after the first epoch.")
+MAX_PROMPT_TOKENS = typer.Option(512, help="Skip prompts longer than this (rendered).")
+
 
 def _prompt_file(prompts: Optional[str], data_dir: Optional[str]) -> Path:
     from specbench.benchmarks import data_dir as resolve_dir
@@ -46,17 +58,27 @@ def _load_data(target, prompts: Optional[str], data_dir: Optional[str], limit: O
     return out, [e for e in read_examples(out) if e["id"] in wanted and len(e["prompt_ids"]) <= max_prompt_tokens]
 
 
+def _training_data(target: str, prompts: Optional[str], data_dir: Optional[str], limit: Optional[int],
+                   max_new_tokens: int, max_prompt_tokens: int):
+    """The target in fp32 (training precision) and its greedy answers, regenerated if missing."""
+    from specbench.target import Target
+
+    t = Target.load(target, "float32")
+    data_file, examples = _load_data(t, prompts, data_dir, limit, max_new_tokens, 8, 0.0, max_prompt_tokens)
+    return t, data_file, examples
+
+
 @train_app.command("data")
 def data(
     target: str = typer.Option("smollm2-135m", help="Target whose answers are the training data."),
-    prompts: Optional[str] = typer.Option(None, help="Prompt JSONL (default: <data dir>/train_prompts/sharegpt_first_turns.jsonl)."),
-    data_dir: Optional[str] = typer.Option(None, help="Data folder (else $SPECBENCH_DATA)."),
+    prompts: Optional[str] = PROMPTS,
+    data_dir: Optional[str] = DATA_DIR,
     limit: Optional[int] = typer.Option(None, help="First N prompts."),
     max_new_tokens: int = typer.Option(256, help="Response length cap."),
     batch_size: int = typer.Option(8, help="Prompts per generate call."),
     temperature: float = typer.Option(0.0, help="0 = greedy (default), else sampled."),
     dtype: str = typer.Option("bfloat16", help="Target dtype for generation."),
-    max_prompt_tokens: int = typer.Option(512, help="Skip prompts longer than this (rendered)."),
+    max_prompt_tokens: int = MAX_PROMPT_TOKENS,
 ) -> None:
     """Answer the prompts with the target (resumable); prints where the data is cached."""
     from specbench.target import Target
@@ -101,27 +123,25 @@ def _recipe(lr: float, epochs: int, batch_size: int, max_length: int, **extra):
 
 @train_app.command("sps-student")
 def sps_student(
-    out: Path = typer.Option(..., help="Folder to write the drafter to."),
-    target: str = typer.Option("smollm2-135m"),
+    out: Path = OUT,
+    target: str = TARGET,
     layers: str = typer.Option("0,29", help="Target layers copied into the student (comma-separated)."),
-    prompts: Optional[str] = typer.Option(None),
-    data_dir: Optional[str] = typer.Option(None),
-    limit: Optional[int] = typer.Option(400, help="Training prompts."),
-    max_new_tokens: int = typer.Option(128),
+    prompts: Optional[str] = PROMPTS,
+    data_dir: Optional[str] = DATA_DIR,
+    limit: Optional[int] = TRAIN_LIMIT,
+    max_new_tokens: int = RESPONSE_TOKENS,
     epochs: int = typer.Option(4),
     lr: float = typer.Option(3e-4),
     batch_size: int = typer.Option(4),
-    max_length: int = typer.Option(384),
-    held_out: float = typer.Option(0.05, help="Share of examples kept for evaluation."),
-    cache_features: bool = typer.Option(True, help="Cache target taps to disk (fp16) after the first epoch."),
-    max_prompt_tokens: int = typer.Option(512, help="Skip prompts longer than this (rendered)."),
+    max_length: int = MAX_LENGTH,
+    held_out: float = HELD_OUT,
+    cache_features: bool = CACHE_FEATURES,
+    max_prompt_tokens: int = MAX_PROMPT_TOKENS,
 ) -> None:
     """Distil a small SpS draft model from the target (KL on target-regenerated responses)."""
     from methods.sps_student import build_student, distillation_loss, save_student
-    from specbench.target import Target
 
-    t = Target.load(target, "float32")
-    data_file, examples = _load_data(t, prompts, data_dir, limit, max_new_tokens, 8, 0.0, max_prompt_tokens)
+    t, data_file, examples = _training_data(target, prompts, data_dir, limit, max_new_tokens, max_prompt_tokens)
     chosen = [int(x) for x in layers.split(",")]
     student = build_student(t, chosen)
     recipe = _recipe(lr, epochs, batch_size, max_length, layers=chosen)
@@ -132,30 +152,28 @@ def sps_student(
 
 @train_app.command("eagle3")
 def eagle3(
-    out: Path = typer.Option(..., help="Folder to write the drafter to."),
-    target: str = typer.Option("smollm2-135m"),
+    out: Path = OUT,
+    target: str = TARGET,
     draft_vocab: int = typer.Option(4096, help="Reduced draft vocabulary (most frequent response tokens)."),
     steps: int = typer.Option(7, help="Training-time-test unroll steps."),
-    prompts: Optional[str] = typer.Option(None),
-    data_dir: Optional[str] = typer.Option(None),
-    limit: Optional[int] = typer.Option(400, help="Training prompts."),
-    max_new_tokens: int = typer.Option(128),
+    prompts: Optional[str] = PROMPTS,
+    data_dir: Optional[str] = DATA_DIR,
+    limit: Optional[int] = TRAIN_LIMIT,
+    max_new_tokens: int = RESPONSE_TOKENS,
     epochs: int = typer.Option(4),
     lr: float = typer.Option(1e-3),
     batch_size: int = typer.Option(8),
-    max_length: int = typer.Option(384),
-    held_out: float = typer.Option(0.05, help="Share of examples kept for evaluation."),
-    cache_features: bool = typer.Option(True, help="Cache target taps to disk (fp16) after the first epoch."),
-    max_prompt_tokens: int = typer.Option(512, help="Skip prompts longer than this (rendered)."),
+    max_length: int = MAX_LENGTH,
+    held_out: float = HELD_OUT,
+    cache_features: bool = CACHE_FEATURES,
+    max_prompt_tokens: int = MAX_PROMPT_TOKENS,
 ) -> None:
     """Train an EAGLE-3 drafter (training-time test over ``steps`` unrolled steps, 0.8^s decay)."""
     from methods.eagle3 import Eagle3Model
-    from specbench.target import Target
     from specbench.training.features import token_counts
     from specbench.training.vocab import build_vocab_mapping
 
-    t = Target.load(target, "float32")
-    data_file, examples = _load_data(t, prompts, data_dir, limit, max_new_tokens, 8, 0.0, max_prompt_tokens)
+    t, data_file, examples = _training_data(target, prompts, data_dir, limit, max_new_tokens, max_prompt_tokens)
     d2t, t2d, coverage = build_vocab_mapping(token_counts(examples, t.vocab_size), draft_vocab)
     typer.echo(f"draft vocabulary {draft_vocab}: {100 * coverage:.2f}% of response tokens")
     model = Eagle3Model.from_target(t, (d2t, t2d))
@@ -167,29 +185,27 @@ def eagle3(
 
 @train_app.command("medusa")
 def medusa(
-    out: Path = typer.Option(..., help="Folder to write the drafter to."),
-    target: str = typer.Option("smollm2-135m"),
+    out: Path = OUT,
+    target: str = TARGET,
     heads: int = typer.Option(5, help="Medusa heads (head k predicts k+2 tokens ahead)."),
     layers: int = typer.Option(1, help="ResBlocks per head."),
     shared_lm_head: bool = typer.Option(True, help="Reuse the target's frozen lm_head in every head (small checkpoint)."),
-    prompts: Optional[str] = typer.Option(None),
-    data_dir: Optional[str] = typer.Option(None),
-    limit: Optional[int] = typer.Option(400, help="Training prompts."),
-    max_new_tokens: int = typer.Option(128),
+    prompts: Optional[str] = PROMPTS,
+    data_dir: Optional[str] = DATA_DIR,
+    limit: Optional[int] = TRAIN_LIMIT,
+    max_new_tokens: int = RESPONSE_TOKENS,
     epochs: int = typer.Option(2),
     lr: float = typer.Option(1e-3),
     batch_size: int = typer.Option(8),
-    max_length: int = typer.Option(384),
-    held_out: float = typer.Option(0.05, help="Share of examples kept for evaluation."),
-    cache_features: bool = typer.Option(True, help="Cache target taps to disk (fp16) after the first epoch."),
-    max_prompt_tokens: int = typer.Option(512, help="Skip prompts longer than this (rendered)."),
+    max_length: int = MAX_LENGTH,
+    held_out: float = HELD_OUT,
+    cache_features: bool = CACHE_FEATURES,
+    max_prompt_tokens: int = MAX_PROMPT_TOKENS,
 ) -> None:
     """Train Medusa-1 heads on the frozen target (sum_k 0.8^k CE of head k vs token k+2 ahead)."""
     from methods.medusa import MedusaHeads, save_medusa
-    from specbench.target import Target
 
-    t = Target.load(target, "float32")
-    data_file, examples = _load_data(t, prompts, data_dir, limit, max_new_tokens, 8, 0.0, max_prompt_tokens)
+    t, data_file, examples = _training_data(target, prompts, data_dir, limit, max_new_tokens, max_prompt_tokens)
     model = MedusaHeads.for_target(t, num_heads=heads, num_layers=layers, shared_lm_head=shared_lm_head)
     recipe = _recipe(lr, epochs, batch_size, max_length, heads=heads, layers=layers, shared_lm_head=shared_lm_head)
     recipe.warmup_ratio = 0.1
