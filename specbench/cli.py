@@ -73,8 +73,12 @@ def run(
     system_prompt: Optional[str] = typer.Option(None, help="System prompt for the chat template."),
     on_long_prompt: str = typer.Option("skip", help="skip (with a warning) or fail on prompts past the context."),
     warmup: bool = typer.Option(True, help="Run and discard one short generation per side first."),
+    sweep: Optional[str] = typer.Option(None, help="key=v1,v2,...: one side per value, labelled METHOD@key=v."),
+    also: list[str] = typer.Option([], "--also", help="Another method in the same run: name or name@key=value[@key=value] (repeatable)."),
+    passes: int = typer.Option(1, help="Repeat the query stream N times (drafters that learn keep their state)."),
 ) -> None:
-    """Run METHOD on BENCH with the vanilla baseline interleaved; print the summary table."""
+    """Run METHOD (and every --also / --sweep side) on BENCH with the vanilla baseline interleaved
+    prompt by prompt; print the summary table. BENCH may be a mixed stream: `mixed` or `a+b+c`."""
     from specbench.runner import RunConfig, Runner, summary_table
 
     cfg = RunConfig(method=method, bench=bench, options=_parse_opts(opt, config), label=label, target=target,
@@ -82,7 +86,7 @@ def run(
                     top_p=top_p, max_new_tokens=max_new_tokens, seed=seed, baseline=baseline, limit=limit,
                     sample=sample, category=category, data_dir=data_dir, system_prompt=system_prompt,
                     on_long_prompt=on_long_prompt, out=str(out) if out else None, resume=resume,
-                    overwrite=overwrite, warmup=warmup)
+                    overwrite=overwrite, warmup=warmup, sweep=sweep, also=list(also), passes=passes)
     runner = Runner(cfg, err)
     records = runner.run()
     console.print(summary_table(records, temperature))

@@ -72,6 +72,7 @@ class Drafter:
     name: ClassVar[str] = ""
     Options: ClassVar[type] = NoOptions
     taps: tuple[int, ...] = ()  # hidden_states indices of the target this drafter reads
+    learns: ClassVar[bool] = False  # True if the drafter updates itself while serving (no warm-up, stream order matters)
 
     def __init__(self, options: Any = None) -> None:
         self.options = options if options is not None else self.Options()

@@ -26,6 +26,7 @@ class GenerationRecord:
     bench: str = ""
     prompt_id: str = ""
     turn: int = 0
+    query_index: int = -1  # position in the run's query stream (learning drafters see queries in this order)
     config_hash: str = ""
     extra: dict = field(default_factory=dict)  # drafter-specific statistics
 

@@ -1,5 +1,11 @@
-"""`specbench run`: one method and the vanilla baseline on one benchmark, interleaved prompt by
-prompt in one process, every finished turn appended to a results file that a rerun resumes."""
+"""`specbench run`: one or more method configurations and the vanilla baseline on one benchmark
+(or a mixed stream), interleaved prompt by prompt in one process, every finished turn appended to
+a results file that a rerun resumes.
+
+Sides: the main method (or one side per value of ``--sweep key=v1,v2``, labelled ``method@key=v``)
+plus every ``--also name[@key=value...]``, plus vanilla. Each side is one drafter instance that
+lives for the whole run, so methods that learn while serving see the queries as one stream in the
+recorded order (``--passes N`` repeats it)."""
 
 from __future__ import annotations
 
@@ -13,13 +19,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from specbench import metrics
-from specbench.benchmarks import Prompt, load_benchmark
+from specbench.benchmarks import Prompt
 from specbench.drafter import Drafter, method_class, parse_options
 from specbench.engine import GenerationConfig, generate, generate_turns
 from specbench.errors import SpecbenchError
 from specbench.prompts import render_chat
 from specbench.records import GenerationRecord
 from specbench.results import RunStore, config_hash, environment_metadata
+from specbench.streams import Query, build_queries, load_stream_prompts, stream_name
 from specbench.target import DEFAULT_TARGET, Target
 from specbench.verify import SamplingParams
 
@@ -53,6 +60,9 @@ class RunConfig:
     resume: bool = False
     overwrite: bool = False
     warmup: bool = True
+    sweep: str | None = None  # "key=v1,v2,...": one side per value
+    also: list[str] = field(default_factory=list)  # more sides: "name" or "name@key=value@key=value"
+    passes: int = 1  # times the query stream is repeated (learning drafters keep their state)
 
     @property
     def method_label(self) -> str:
@@ -61,10 +71,55 @@ class RunConfig:
     def identity(self) -> dict:
         """What determines the records (limit/sample/out/resume do not: a resume may extend a run)."""
         keep = ("method", "bench", "options", "target", "dtype", "device", "attn_implementation", "temperature",
-                "top_k", "top_p", "max_new_tokens", "seed", "baseline", "category", "system_prompt")
+                "top_k", "top_p", "max_new_tokens", "seed", "baseline", "category", "system_prompt", "sweep", "also",
+                "passes")
         ident = {k: v for k, v in asdict(self).items() if k in keep}
         ident["label"] = self.method_label
         return ident
+
+
+@dataclass(frozen=True)
+class Side:
+    """One method configuration in a run: its label in the records, method name and raw options."""
+
+    label: str
+    method: str
+    options: dict
+
+
+def parse_sweep(sweep: str) -> tuple[str, list[str]]:
+    key, sep, values = sweep.partition("=")
+    items = [v.strip() for v in values.split(",") if v.strip()]
+    if not sep or not key.strip() or not items:
+        raise SpecbenchError(f"--sweep expects key=v1,v2,... (got {sweep!r}), e.g. --sweep budget=16,32,64")
+    return key.strip().replace("-", "_"), items
+
+
+def parse_also(spec: str) -> Side:
+    """``name@key=value@key=value`` -> a side labelled by the whole spec."""
+    name, *pairs = spec.split("@")
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise SpecbenchError(f"--also expects name or name@key=value[@key=value...] (got {spec!r})")
+        options[key.strip().replace("-", "_")] = value.strip()
+    return Side(spec, name.strip(), options)
+
+
+def run_sides(cfg: RunConfig) -> list[Side]:
+    """Every method configuration of the run, in order, without the baseline."""
+    if cfg.sweep:
+        key, values = parse_sweep(cfg.sweep)
+        sides = [Side(f"{cfg.method_label}@{key}={v}", cfg.method, {**cfg.options, key: v}) for v in values]
+    else:
+        sides = [Side(cfg.method_label, cfg.method, dict(cfg.options))]
+    sides += [parse_also(a) for a in cfg.also]
+    labels = [s.label for s in sides] + ([BASELINE] if cfg.baseline == BASELINE else [])
+    dupes = sorted({label for label in labels if labels.count(label) > 1})
+    if dupes and not (len(sides) == 1 and sides[0].method == BASELINE):
+        raise SpecbenchError(f"two sides share the label {dupes[0]!r}; give --label or drop the duplicate --also")
+    return sides
 
 
 def validate(cfg: RunConfig) -> None:
@@ -76,6 +131,8 @@ def validate(cfg: RunConfig) -> None:
         raise SpecbenchError(f"--max-new-tokens must be >= 1 (got {cfg.max_new_tokens})")
     if cfg.baseline not in (BASELINE, "none"):
         raise SpecbenchError(f"--baseline must be 'vanilla' or 'none' (got {cfg.baseline!r})")
+    if cfg.passes < 1:
+        raise SpecbenchError(f"--passes must be >= 1 (got {cfg.passes})")
     if cfg.on_long_prompt not in ("skip", "fail"):
         raise SpecbenchError(f"--on-long-prompt must be 'skip' or 'fail' (got {cfg.on_long_prompt!r})")
     try:
@@ -86,7 +143,9 @@ def validate(cfg: RunConfig) -> None:
 
 def default_out(cfg: RunConfig) -> Path:
     target = Path(cfg.target).name.replace(".gguf", "")
-    return Path("results") / f"{cfg.method_label}_{Path(cfg.bench).stem}_{target}_T{cfg.temperature:g}.jsonl"
+    label = cfg.method_label + (f"@{parse_sweep(cfg.sweep)[0]}-sweep" if cfg.sweep else "")
+    passes = f"_x{cfg.passes}" if cfg.passes > 1 else ""
+    return Path("results") / f"{label}_{stream_name(cfg.bench)}{passes}_{target}_T{cfg.temperature:g}.jsonl"
 
 
 def record_seed(seed: int, prompt_id: str, turn: int) -> int:
@@ -99,24 +158,38 @@ class Runner:
         validate(cfg)
         self.cfg = cfg
         self.console = console or Console(stderr=True)
-        method_cls = method_class(cfg.method)
-        self.method_options = parse_options(method_cls, cfg.options)
-        self.prompts: list[Prompt] = load_benchmark(cfg.bench, cfg.data_dir, limit=cfg.limit, sample=cfg.sample,
-                                                    seed=cfg.seed, category=cfg.category)
-        self.bench = self.prompts[0].bench if self.prompts else Path(cfg.bench).stem
-        meta = {**cfg.identity(), "method_options": asdict(self.method_options), "config_hash": config_hash(cfg.identity())}
+        # Parse every side's options before loading anything, so a typo fails in a second.
+        specs = run_sides(cfg)
+        parsed = [(spec, method_class(spec.method)) for spec in specs]
+        parsed = [(spec, cls, parse_options(cls, spec.options)) for spec, cls in parsed]
+        prompts = load_stream_prompts(cfg.bench, cfg.data_dir, limit=cfg.limit, sample=cfg.sample, seed=cfg.seed,
+                                      category=cfg.category)
+        self.queries: list[Query] = build_queries(prompts, cfg.passes)
+        self.bench = prompts[0].bench if prompts else stream_name(cfg.bench)
+        meta = {**cfg.identity(), "method_options": {spec.label: asdict(opts) for spec, _, opts in parsed},
+                "config_hash": config_hash(cfg.identity()), "stream": [q.prompt.id for q in self.queries]}
         self.store = RunStore(cfg.out or default_out(cfg), meta, resume=cfg.resume, overwrite=cfg.overwrite)
         self.target = Target.load(cfg.target, cfg.dtype, cfg.device, cfg.attn_implementation)
         self.store.start(environment_metadata(self.target.device))
-        self.drafter: Drafter = method_cls(self.method_options)
-        self.drafter.setup(self.target)
-        self.sides: list[tuple[str, Drafter]] = [(cfg.method_label, self.drafter)]
+        self.sides: list[tuple[str, Drafter]] = []
+        for spec, cls, opts in parsed:
+            drafter = cls(opts)
+            drafter.setup(self.target)
+            self.sides.append((spec.label, drafter))
         if cfg.baseline == BASELINE and cfg.method != BASELINE:
             baseline = method_class(BASELINE)()
             baseline.setup(self.target)
             self.sides.append((BASELINE, baseline))
         self.sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
         self.skipped: list[str] = []
+        learners = [label for label, d in self.sides if d.learns]
+        if cfg.resume and self.store.done and learners:
+            warnings.warn(f"resuming {', '.join(learners)}: what they learnt before the interruption is not restored, "
+                          "so later queries start from the pre-deployment drafter; rerun with --overwrite for a clean stream")
+
+    @property
+    def prompts(self) -> list[Prompt]:
+        return [q.prompt for q in self.queries]
 
     # ---- one prompt ------------------------------------------------------------------------
     def _fits(self, ids: list[int], prompt: Prompt) -> bool:
@@ -130,7 +203,9 @@ class Runner:
         warnings.warn(msg + "; skipped")
         return False
 
-    def _run_side(self, label: str, drafter: Drafter, prompt: Prompt) -> None:
+    def _run_side(self, label: str, drafter: Drafter, query: Query) -> None:
+        prompt = query.prompt
+
         def admit(ids: list[int]) -> bool:
             if self._fits(ids, prompt):
                 return True
@@ -143,7 +218,7 @@ class Runner:
         for record in generate_turns(self.target, drafter, prompt.turns, config_for, self.cfg.system_prompt, label,
                                      finished=lambda turn: self.store.done.get((label, self.bench, prompt.id, turn)),
                                      admit=admit):
-            record.bench, record.prompt_id = self.bench, prompt.id
+            record.bench, record.prompt_id, record.query_index = self.bench, prompt.id, query.index
             record.config_hash = self.store.meta["config_hash"]
             self.store.append(record)
 
@@ -154,6 +229,8 @@ class Runner:
         if len(ids) + 16 + TREE_SLACK > self.target.max_context:
             return
         for _, drafter in self.sides:
+            if drafter.learns:
+                continue  # a warm-up query would already change what the drafter has learnt
             generate(self.target, drafter, ids, GenerationConfig(16, self.sampling, 0))
 
     def run(self) -> list[GenerationRecord]:
@@ -162,12 +239,13 @@ class Runner:
         columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
         with Progress(*columns, console=self.console, transient=False) as progress:
-            task = progress.add_task(f"{self.cfg.method_label} on {self.bench}", total=len(self.prompts))
-            for i, prompt in enumerate(self.prompts):
-                # Alternate which side goes first so slow drift does not favour either.
-                order = self.sides if i % 2 == 0 else self.sides[::-1]
+            names = ", ".join(label for label, _ in self.sides if label != BASELINE)
+            task = progress.add_task(f"{names} on {self.bench}", total=len(self.queries))
+            for query in self.queries:
+                # Alternate which side goes first so slow drift does not favour any.
+                order = self.sides if query.index % 2 == 0 else self.sides[::-1]
                 for label, drafter in order:
-                    self._run_side(label, drafter, prompt)
+                    self._run_side(label, drafter, query)
                 progress.advance(task)
         self.store.close()
         return list(self.store.done.values())
