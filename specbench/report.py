@@ -484,11 +484,16 @@ def _fmt_tps(x: float) -> str:
 
 
 def ablation_families(labels: Iterable[str]) -> dict[str, list[str]]:
-    """Method families with ≥2 variants (budget sweeps excluded: they get their own figure)."""
+    """Method families with ≥2 variants at the same node budget, keyed by the base label
+    (``specblock`` or ``specblock@budget=16``). Labels differing only in budget form a sweep
+    (its own figure), not an ablation."""
     fams: dict[str, list[str]] = {}
     for label in sorted(set(labels)):
-        if label != VANILLA and budget_of(label) is None:
-            fams.setdefault(family(label), []).append(label)
+        if label == VANILLA:
+            continue
+        budget = budget_of(label)
+        key = family(label) + (f"@budget={budget[1]}" if budget else "")
+        fams.setdefault(key, []).append(label)
     return {f: sorted(v, key=lambda m: (m != f, m)) for f, v in sorted(fams.items()) if len(v) >= 2}
 
 
@@ -541,6 +546,46 @@ def ablation_table(cells: pd.DataFrame, provenance: Sequence[str] = ()) -> Table
     notes.append("Δ = variant minus base method, averaged over the benches both ran")
     return Table("ablation_table", "Ablations: variants of one method", columns, groups, sections,
                  pd.DataFrame(records), notes, list(provenance))
+
+
+RANK_BUCKETS = ("b0 (rank 1)", "b1 (2–4)", "b2 (5–10)", "b3 (>10)")
+
+
+def rank_head_table(blocks: dict[Block, list[GenerationRecord]], provenance: Sequence[str] = ()) -> Table | None:
+    """SpecBlock Table 3 from decoding: per bucket, the share of valid-prefix block-1 slots whose
+    target token fell in it, and the rank head's precision / recall / F1 there (records whose
+    ``extra`` carries ``rank_confusion`` [true][predicted])."""
+    sections, records = [], []
+    for block, recs in sorted(blocks.items()):
+        by_method: dict[str, np.ndarray] = {}
+        for r in recs:
+            if "rank_confusion" in r.extra:
+                by_method.setdefault(r.method, np.zeros((4, 4)))
+                by_method[r.method] += np.asarray(r.extra["rank_confusion"], dtype=float)
+        rows = []
+        for method, conf in sorted(by_method.items()):
+            total = conf.sum()
+            for c, name in enumerate(RANK_BUCKETS):
+                true, pred, hit = conf[c].sum(), conf[:, c].sum(), conf[c, c]
+                precision = hit / pred if pred else math.nan
+                recall = hit / true if true else math.nan
+                f1 = 2 * precision * recall / (precision + recall) if precision + recall > 0 else math.nan
+                freq = true / total if total else math.nan
+                rows.append([Cell(method if c == 0 else ""), Cell(name), Cell(fmt_pct(freq)),
+                             Cell(f"{precision:.3f}" if _finite(precision) else DASH),
+                             Cell(f"{recall:.3f}" if _finite(recall) else DASH),
+                             Cell(f"{f1:.3f}" if _finite(f1) else DASH), Cell(f"{int(true)}")])
+                records.append(dict(target=block[0], temperature=f"{block[1]:g}", method=method, bucket=c,
+                                    frequency=freq, precision=precision, recall=recall, f1=f1, positions=int(true)))
+        if rows:
+            sections.append((block_label(block), rows))
+    if not sections:
+        return None
+    notes = ["positions: block-1 slots whose greedy prefix the target accepted (the valid-prefix positions); "
+             "true bucket = rank of the committed token in that slot's draft distribution"]
+    return Table("rank_head_table", "Rank head: bucket frequency and classification quality (SpecBlock Table 3)",
+                 ["Method", "Bucket", "Freq", "Precision", "Recall", "F1", "Positions"], [("", 7)], sections,
+                 pd.DataFrame(records), notes, list(provenance), align="llrrrrr")
 
 
 def _nanmean(values: Sequence[float]) -> float:
@@ -741,10 +786,11 @@ class Report:
     companion: Table
     ablation: Table | None
     papers: Table | None
+    rank: Table | None = None
 
     @property
     def tables(self) -> list[Table]:
-        return [t for t in (self.main, self.companion, self.ablation, self.papers) if t is not None]
+        return [t for t in (self.main, self.companion, self.ablation, self.rank, self.papers) if t is not None]
 
 
 def build_report(results: PathSpec, paper_numbers: str | Path | None = DEFAULT_PAPER_NUMBERS,
@@ -760,7 +806,7 @@ def build_report(results: PathSpec, paper_numbers: str | Path | None = DEFAULT_P
         papers = paper_comparison_table(cells, methods, load_paper_numbers(paper_numbers), files,
                                         prov + [f"paper numbers: {Path(paper_numbers).name}"])
     return Report(files, blocks, cells, methods, main_table(cells, methods, prov), companion_table(cells, prov),
-                  ablation_table(cells, prov), papers)
+                  ablation_table(cells, prov), papers, rank_head_table(blocks, prov))
 
 
 _CSS = """body{font-family:system-ui,sans-serif;margin:2em;color:#222;max-width:1400px}

@@ -280,3 +280,28 @@ def test_method_without_vanilla_keeps_tau_and_says_why(tmp_path: Path):
     cell = build_report(path, reps=0).cells.iloc[0]
     assert math.isnan(cell.speedup) and cell.tau > 1
     assert cell.reason == "no vanilla baseline for humaneval in the same file"
+
+
+def test_ablations_group_variants_at_the_same_budget_and_sweeps_stay_apart():
+    from specbench.report import ablation_families
+    labels = ["vanilla", "specblock@budget=16", "specblock-no-shift@budget=16", "eagle3@budget=16", "eagle3@budget=60",
+              "specblock", "specblock-uniform-tree"]
+    assert ablation_families(labels) == {
+        "specblock": ["specblock", "specblock-uniform-tree"],
+        "specblock@budget=16": ["specblock@budget=16", "specblock-no-shift@budget=16"]}
+
+
+def test_rank_head_table_from_confusion_counts(tmp_path: Path):
+    base = [vanilla("humaneval", f"p{i}", 9, verify=1.0) for i in range(2)]
+    ours = []
+    for i, conf in enumerate(([[6, 2, 0, 0], [1, 3, 0, 0], [0, 0, 0, 0], [0, 0, 1, 1]],
+                              [[2, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]])):
+        r = drafted("specblock", "humaneval", f"p{i}", [1, 2, 1], draft=0.2, verify=0.5)
+        r.extra = {"rank_confusion": conf, "rank_predicted": [0, 0, 0, 0]}
+        ours.append(r)
+    write_jsonl(tmp_path / "r.jsonl", base + ours)
+    table = build_report(tmp_path / "r.jsonl", reps=0).rank
+    data = table.data.set_index("bucket")
+    assert data.loc[0, "positions"] == 10 and math.isclose(data.loc[0, "precision"], 8 / 9)
+    assert math.isclose(data.loc[0, "recall"], 8 / 10) and math.isclose(data.loc[1, "recall"], 3 / 4)
+    assert math.isclose(data.frequency.sum(), 1.0) and math.isnan(data.loc[2, "recall"])

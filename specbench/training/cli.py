@@ -212,3 +212,156 @@ def medusa(
     _fit(t, examples, model, model.training_loss, [-1],
          lambda folder: save_medusa(folder, model, t, recipe.__dict__, dtype=torch.bfloat16), out, recipe, held_out,
          data_file, cache_features)
+
+
+@train_app.command("dflash")
+def dflash(
+    out: Path = OUT,
+    target: str = TARGET,
+    layers: int = typer.Option(3, help="Drafter decoder layers."),
+    block_size: int = typer.Option(16, help="Block L = bonus + L-1 drafted slots (the tree's maximum depth is L-1)."),
+    target_layer_ids: str = typer.Option("", help="Target layers tapped, comma-separated (default: evenly spaced, "
+                                                  "one per drafter layer)."),
+    mask_token_id: Optional[int] = typer.Option(None, help="MASK id (default: the tokenizer's, else an unused added token)."),
+    anchors: int = typer.Option(64, help="Random block anchors per sequence and step (reference: up to 512)."),
+    draft_vocab: int = typer.Option(4096, help="Score only the target lm_head's rows of the N most frequent response "
+                                               "tokens (0 = the whole vocabulary, as published)."),
+    prompts: Optional[str] = PROMPTS,
+    data_dir: Optional[str] = DATA_DIR,
+    limit: Optional[int] = TRAIN_LIMIT,
+    max_new_tokens: int = RESPONSE_TOKENS,
+    epochs: int = typer.Option(6),
+    lr: float = typer.Option(6e-4),
+    batch_size: int = typer.Option(8),
+    max_length: int = MAX_LENGTH,
+    held_out: float = HELD_OUT,
+    cache_features: bool = CACHE_FEATURES,
+    max_prompt_tokens: int = MAX_PROMPT_TOKENS,
+) -> None:
+    """Train a DFlash block drafter (random anchors, block-local attention, exp(-(k-1)/gamma) CE); used by
+    `dflash` and `ddtree`."""
+    from methods.dflash import DFlashModel, choose_mask_token, decay_gamma
+    from specbench.training.features import token_counts
+    from specbench.training.vocab import build_vocab_mapping
+
+    if block_size < 2 or layers < 1 or anchors < 1:
+        raise SpecbenchError(f"dflash: need block size >= 2, layers >= 1, anchors >= 1 (got {block_size}, {layers}, "
+                             f"{anchors})")
+    ids = [int(x) for x in target_layer_ids.split(",") if x.strip()] or None
+    t, data_file, examples = _training_data(target, prompts, data_dir, limit, max_new_tokens, max_prompt_tokens)
+    mask = mask_token_id if mask_token_id is not None else choose_mask_token(t.tokenizer, examples)
+    vocab_ids, coverage = None, 1.0
+    if draft_vocab:
+        d2t, _, coverage = build_vocab_mapping(token_counts(examples, t.vocab_size), min(draft_vocab, t.vocab_size))
+        vocab_ids = torch.arange(d2t.numel()) + d2t
+    model = DFlashModel.from_target(t, layers, block_size, mask, ids, vocab_ids)
+    gamma = decay_gamma(block_size)
+    typer.echo(f"dflash: {layers} layers, block {block_size}, taps {model.config.target_layer_ids}, mask id {mask}, "
+               f"gamma {gamma}, draft vocabulary {draft_vocab or t.vocab_size} ({100 * coverage:.2f}% of response tokens)")
+    recipe = _recipe(lr, epochs, batch_size, max_length, layers=layers, block_size=block_size, anchors=anchors,
+                     gamma=gamma, mask_token_id=mask, target_layer_ids=model.config.target_layer_ids,
+                     draft_vocab=draft_vocab, vocab_coverage=coverage)
+    recipe.warmup_ratio, recipe.grad_clip = 0.04, 1.0  # the reference recipe
+    _fit(t, examples, model, lambda b: model.training_loss(b, anchors=anchors, gamma=gamma), list(model.taps),
+         lambda folder: model.save(folder, t, recipe.__dict__), out, recipe, held_out, data_file, cache_features)
+
+
+@train_app.command("pacer")
+def pacer(
+    out: Path = OUT,
+    target: str = TARGET,
+    draft: str = typer.Option("", help="SpS draft model (empty = the shipped one for the target)."),
+    window: int = typer.Option(50, help="Drafts per replayed step (the paper drafts 50)."),
+    position_embedding: bool = typer.Option(True, help="Learned draft-position embedding (off = the paper's ablation)."),
+    prompts: Optional[str] = PROMPTS,
+    data_dir: Optional[str] = DATA_DIR,
+    limit: Optional[int] = TRAIN_LIMIT,
+    max_new_tokens: int = RESPONSE_TOKENS,
+    epochs: int = typer.Option(5),
+    lr: float = typer.Option(5e-4),
+    batch_size: int = typer.Option(4, help="Responses (packed sequences) per step."),
+    held_out: float = HELD_OUT,
+    max_prompt_tokens: int = MAX_PROMPT_TOKENS,
+) -> None:
+    """Train PACER's pre-verification layer on replayed speculative decoding (binary CE)."""
+    from methods.pacer import train_preverifier
+
+    if window < 1:
+        raise SpecbenchError(f"--window must be >= 1, got {window}")
+    t, data_file, examples = _training_data(target, prompts, data_dir, limit, max_new_tokens, max_prompt_tokens)
+    recipe = _recipe(lr, epochs, batch_size, 0, window=window, position_embedding=position_embedding,
+                     draft=draft or "shipped")
+    recipe.betas = (0.9, 0.999)  # the paper's AdamW betas
+    recipe.dtype = "bfloat16"  # autocast: ~2x faster on CPU; the layer and optimizer state stay fp32
+    final = train_preverifier(t, examples, data_file, draft, window, position_embedding, recipe, out, held_out)
+    typer.echo(f"held-out: {json.dumps(final)}; pre-verification layer in {Path(out) / 'drafter'}")
+
+
+SPECBLOCK_VARIANTS = {  # the paper's Table 2 base-architecture ablations that need their own training
+    "full": {},
+    "no-broadcast": {"prefix_broadcast": False},
+    "no-shift": {"layer_shift": False},
+    "no-valid-prefix": {"valid_prefix": False},
+}
+
+
+@train_app.command("specblock")
+def specblock(
+    out: Path = OUT,
+    target: str = TARGET,
+    variant: str = typer.Option("full", help="full, or an ablation: no-broadcast, no-shift, no-valid-prefix."),
+    draft_vocab: int = typer.Option(4096, help="Reduced draft vocabulary (most frequent response tokens)."),
+    block_size: int = typer.Option(4, help="K: dependent slots per drafter forward."),
+    layers: int = typer.Option(2, help="Drafter decoder layers (the target's layer shapes)."),
+    rank_start: Optional[int] = typer.Option(None, help="Steps before the rank loss and block-2 training start "
+                                                        "(paper 2,000 of ~20 epochs; default: 25% of the steps)."),
+    cross_fraction: float = typer.Option(0.25, help="Share of positions that also train a block-2 continuation."),
+    decay: float = typer.Option(1.0, help="Slot loss weight decay^k (paper 1.0)."),
+    normalise: str = typer.Option("block", help="slot: eq. 6's 1/N_k per slot (needs large batches); block: 1/N_0."),
+    prompts: Optional[str] = PROMPTS,
+    data_dir: Optional[str] = DATA_DIR,
+    limit: Optional[int] = TRAIN_LIMIT,
+    max_new_tokens: int = RESPONSE_TOKENS,
+    epochs: int = typer.Option(3),
+    lr: float = typer.Option(1e-3, help="Paper 5e-5 over 20 epochs of ~500k conversations; scaled up for a CPU budget."),
+    batch_size: int = typer.Option(8),
+    max_length: int = MAX_LENGTH,
+    held_out: float = HELD_OUT,
+    cache_features: bool = CACHE_FEATURES,
+    max_prompt_tokens: int = MAX_PROMPT_TOKENS,
+    dtype: str = typer.Option("bfloat16", help="bfloat16 (autocast) or float32."),
+) -> None:
+    """Train a SpecBlock drafter: valid-prefix masked block losses, cross-block unrolling, rank head."""
+    from methods.eagle3 import eagle3_taps
+    from methods.specblock_checkpoint import save_specblock
+    from methods.specblock_model import SpecBlockConfig, SpecBlockModel
+    from methods.specblock_train import LossSettings, SpecBlockLoss
+    from specbench.training.features import token_counts
+    from specbench.training.vocab import build_vocab_mapping
+
+    if variant not in SPECBLOCK_VARIANTS:
+        raise SpecbenchError(f"unknown SpecBlock variant {variant!r}; choose from {', '.join(SPECBLOCK_VARIANTS)}")
+    overrides = dict(SPECBLOCK_VARIANTS[variant])
+    valid = overrides.pop("valid_prefix", True)
+    t, data_file, examples = _training_data(target, prompts, data_dir, limit, max_new_tokens, max_prompt_tokens)
+    d2t, t2d, coverage = build_vocab_mapping(token_counts(examples, t.vocab_size), draft_vocab)
+    typer.echo(f"draft vocabulary {draft_vocab}: {100 * coverage:.2f}% of response tokens")
+    config = SpecBlockConfig.from_target(t, draft_vocab, block_size=block_size, num_layers=layers, **overrides)
+    model = SpecBlockModel(config, eagle3_taps(t.num_layers), t.model.get_input_embeddings()).to(t.device)
+    model.d2t.copy_(d2t)
+    model.t2d.copy_(t2d)
+    n_train = len(examples) - max(1, int(len(examples) * held_out))
+    total_steps = epochs * ((n_train + batch_size - 1) // batch_size)
+    start = rank_start if rank_start is not None else total_steps // 4
+    if normalise not in ("slot", "block"):
+        raise SpecbenchError(f"--normalise must be 'slot' or 'block' (got {normalise!r})")
+    settings = LossSettings(valid_prefix=valid, rank_start=start, cross_fraction=cross_fraction, decay=decay,
+                            normalise=normalise)
+    recipe = _recipe(lr, epochs, batch_size, max_length, variant=variant, draft_vocab=draft_vocab,
+                     vocab_coverage=coverage, block_size=block_size, layers=layers, rank_start=start,
+                     cross_fraction=cross_fraction, decay=decay, valid_prefix=valid, normalise=normalise)
+    recipe.dtype = dtype
+    recipe.warmup_ratio = 0.015  # paper: 1.5% warmup
+    _fit(t, examples, model, SpecBlockLoss(model, settings), list(model.taps),
+         lambda folder: save_specblock(folder, model, t, recipe.__dict__), out, recipe, held_out, data_file,
+         cache_features)

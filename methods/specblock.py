@@ -1,0 +1,345 @@
+"""SpecBlock: block-iterative drafting with a rank head (paper Alg. 2, METHODS.md §6.2).
+
+Each propose call makes M drafter forwards:
+
+1. **Block 1** (one forward that also encodes the newly committed positions): the last committed
+   pair (taps n-1, bonus) yields K dependent slots. The greedy chain g_0..g_{K-1} goes under the
+   root; slot k attaches the top b(bucket_k) tokens (including the greedy one; slot 0 always
+   ``beam_width``) as children of g_{k-1}. A give-up bucket (b = 0) stops alternatives there and
+   at every later slot.
+2. **Next-block starts**: the greedy node and alternatives of every slot whose bucket is not
+   "confident", plus the chain end unless the chain's first non-confident bucket is give-up. A
+   start carries the pre-norm h^L of the slot that produced its token and may attend to the
+   producing block's slots 0..k (Fig. 3). The best min(beam_width, remaining budget / K) by score
+   are expanded in **one batched forward**, with the same rules (slot 0 now uses b(bucket)).
+3. Nodes merge into a trie (a duplicate sibling is the same node, so a block-2 chain that repeats
+   block 1 deepens it instead of being dropped); the best ``budget`` nodes by cumulative draft
+   log-probability are kept, ancestor-closed. The tree is deterministic: rule A at T > 0.
+
+The drafter keeps K cache entries per committed position (every slot of its block-1 forward);
+cross-block keys are transient. Variants: ``specblock-no-broadcast``, ``-no-shift``,
+``-no-valid-prefix`` load drafters trained without that component; ``specblock-uniform-tree``
+replaces rank-guided branching by a fixed top-k at every slot under the same node budget.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from methods.eagle3 import select_nodes
+from methods.specblock_checkpoint import load_specblock
+from methods.specblock_model import NUM_BUCKETS, KV, SpecBlockModel, rank_to_bucket
+from methods.specblock_train import block1_mask
+from specbench.drafter import DecodeState, Drafter, VerifyResult
+from specbench.errors import SpecbenchError
+from specbench.target import Target, TargetOutput
+from specbench.tree import DraftTree, SiblingKind
+
+SHIPPED_DIR = Path(__file__).resolve().parent.parent / "drafters"
+
+
+@dataclass
+class SpecBlockOptions:
+    path: str = ""  # drafter folder (ours or the published layout); empty = drafters/<target>/<variant>
+    budget: int = 60  # draft nodes verified per call (paper <= 60; reference 90)
+    blocks: int = 2  # M: drafter forwards per call
+    beam_width: int = 10  # block-1 slot-0 width, and the most starts per later block
+    branching: list[int] = field(default_factory=lambda: [2, 4, 10, 0])  # b(bucket) incl. greedy; or 2,4,6,4
+    trim: float = 0.0  # > 0: a slot whose greedy probability >= trim attaches only the greedy token (reference knob)
+    uniform_width: int = 0  # > 0: ignore the rank head; every slot attaches this many tokens (ablation)
+
+
+@dataclass
+class _Node:
+    parent: int
+    token: int  # target id
+    score: float
+
+
+@dataclass
+class _Start:
+    """A next-block start: a trie node, the h^L of the slot that produced its token, and which
+    existing drafter rows (cache, then transient) it may attend to (Fig. 3's on-path rows)."""
+
+    node: int
+    hidden: torch.Tensor  # [H]
+    visible: torch.Tensor  # [cache rows + transient rows] bool
+
+
+@dataclass
+class _Block:
+    """One block's slots, on the CPU where the tree is built."""
+
+    log_probs: torch.Tensor  # [K, width] top draft log-probs, descending
+    ids: torch.Tensor  # [K, width] their target ids
+    buckets: list[int]  # rank-head argmax per slot
+
+
+class SpecBlockDrafter(Drafter):
+    name = "specblock"
+    Options = SpecBlockOptions
+    weights_name = "specblock"  # shipped folder under drafters/<target>/
+
+    def __init__(self, options: SpecBlockOptions | None = None, model: SpecBlockModel | None = None) -> None:
+        super().__init__(options)
+        o = self.options
+        if o.budget < 1 or o.blocks < 1 or o.beam_width < 1:
+            raise SpecbenchError(f"{self.name}: need budget, blocks and beam_width >= 1 "
+                                 f"(got {o.budget}, {o.blocks}, {o.beam_width})")
+        if len(o.branching) != NUM_BUCKETS or any(b < 0 for b in o.branching):
+            raise SpecbenchError(f"{self.name}: branching needs {NUM_BUCKETS} non-negative widths, one per rank bucket "
+                                 f"(got {o.branching}); the paper's maps are 2,4,10,0 and 2,4,6,4")
+        self.model = model
+
+    # ---- lifecycle ------------------------------------------------------------------------
+    def setup(self, target: Target) -> None:
+        super().setup(target)
+        if self.model is None:
+            path = Path(self.options.path or SHIPPED_DIR / target.name / self.weights_name).expanduser()
+            if not path.is_dir():
+                raise SpecbenchError(f"{self.name} needs a drafter folder for target {target.name!r} ({path} does not "
+                                     f"exist); pass --opt path=FOLDER or train one with `specbench train specblock`")
+            self.model = load_specblock(path, target)
+        self.model.to(device=target.device, dtype=target.dtype).eval()
+        self.taps = self.model.taps
+        o = self.options
+        self.width = min(max(o.beam_width, *o.branching, o.uniform_width, 1), self.model.config.draft_vocab_size)
+        self.draft_index = self.model.draft_index().cpu()
+        self.stats = RankStats()
+
+    def begin(self, state: DecodeState, prefill: TargetOutput) -> None:
+        self.cache: list[KV] | None = None  # K rows per committed position
+        self.encoded = 0  # committed positions in the cache
+        self.pending = self.model.features(prefill.taps)
+        self.stats = RankStats()
+
+    def observe(self, state: DecodeState, result: VerifyResult) -> None:
+        # Transient block rows never enter self.cache; the kept rows' taps are the next positions.
+        self.pending = self.model.features(result.taps)
+        self.stats.observe(self._chain, result, self.draft_index)
+
+    def end(self, state: DecodeState) -> dict:
+        return self.stats.summary()
+
+    # ---- one propose call ----------------------------------------------------------------
+    @torch.inference_mode()
+    def propose(self, state: DecodeState) -> DraftTree:
+        k = self.model.K
+        out = self._encode(state)
+        trie = _Trie()
+        block = self._block(out.logits[0, -k:], out.rank_logits[0, -k:])
+        n_cache = self.cache[0][0].shape[2]
+        older = torch.ones(n_cache, dtype=torch.bool)
+        older[-k:] = False  # the last position's slots are on-path only up to the start's slot
+        self._chain = ChainRecord(out.logits[0, -k:].float().cpu(), block.buckets)
+        slot_starts = self._expand(trie, -1, 0.0, block, first=True, chain=self._chain.nodes)
+        starts = [_Start(node, out.hidden[0, slot - k], _with_slots(older, n_cache - k, slot))
+                  for node, slot in slot_starts]
+        transient: list[KV] = [(c[0][:, :, :0], c[1][:, :, :0]) for c in self.cache]
+        for _ in range(1, self.options.blocks):
+            chosen = self._choose(trie, starts)
+            if not chosen:
+                break
+            out, transient = self._run_starts(state, trie, chosen, transient)
+            starts = []
+            for g, start in enumerate(chosen):
+                rows = slice(g * k, (g + 1) * k)
+                blk = self._block(out.logits[0, rows], out.rank_logits[0, rows])
+                base = torch.cat([start.visible, torch.zeros(len(chosen) * k, dtype=torch.bool)])
+                first_row = start.visible.numel() + g * k
+                for node, slot in self._expand(trie, start.node, trie.nodes[start.node].score, blk, first=False):
+                    starts.append(_Start(node, out.hidden[0, g * k + slot], _with_slots(base, first_row, slot)))
+        with state.timer.phase("tree_build"):
+            return self._to_tree(trie)
+
+    def _encode(self, state: DecodeState):
+        """Block 1 for every newly committed pair (taps j, token j+1); all K slots of each are cached."""
+        m, k = self.model, self.model.K
+        device = self.target.device
+        start = self.encoded
+        ids = torch.tensor([state.tokens[start + 1:]], device=device)
+        g = ids.shape[1]
+        positions = torch.arange(start, start + g, device=device)[:, None] + 1 + torch.arange(k, device=device)
+        visible = torch.cat([torch.ones(g * k, start * k, dtype=torch.bool, device=device),
+                             block1_mask(g, k, device)], 1)
+        with state.timer.forward("drafter"):
+            out = m(self.pending[None], ids, positions.reshape(1, -1), visible, past=self.cache)
+        self.cache = out.kv if self.cache is None else [
+            (torch.cat([c[0], n[0]], 2), torch.cat([c[1], n[1]], 2)) for c, n in zip(self.cache, out.kv)]
+        self.encoded += g
+        self.pending = self.pending[:0]
+        return out
+
+    def _run_starts(self, state: DecodeState, trie: "_Trie", chosen: list[_Start], transient: list[KV]):
+        """One batched forward over every start (K slots each): each sees its visible rows and itself causally."""
+        m, k = self.model, self.model.K
+        device = self.target.device
+        g = len(chosen)
+        positions = (self.encoded + torch.arange(k, device=device)).repeat(g)[None]  # block-1 ids of the last position
+        seen = torch.stack([s.visible for s in chosen]).repeat_interleave(k, 0)
+        group = torch.arange(g * k) // k
+        own = block1_mask(g, k) & (group[None] == group[:, None])
+        visible = torch.cat([seen, own], 1).to(device)
+        condition = torch.stack([s.hidden for s in chosen])[None]
+        tokens = torch.tensor([[trie.nodes[s.node].token for s in chosen]], device=device)
+        past = [(torch.cat([c[0], t[0]], 2), torch.cat([c[1], t[1]], 2)) for c, t in zip(self.cache, transient)]
+        with state.timer.forward("drafter"):
+            out = m(condition, tokens, positions, visible, past=past)
+        transient = [(torch.cat([t[0], n[0]], 2), torch.cat([t[1], n[1]], 2)) for t, n in zip(transient, out.kv)]
+        return out, transient
+
+    # ---- tree construction -----------------------------------------------------------------
+    def _block(self, logits: torch.Tensor, rank_logits: torch.Tensor) -> _Block:
+        # log_softmax <= 0 keeps scores non-increasing along paths (select_nodes relies on it).
+        lp = logits.float().log_softmax(-1).clamp(max=0.0)
+        top_lp, top_ids = lp.topk(self.width, dim=-1)
+        return _Block(top_lp.cpu(), self.model.to_target_ids(top_ids).cpu(), rank_logits.argmax(-1).tolist())
+
+    def _expand(self, trie: "_Trie", parent: int, score: float, block: _Block, first: bool,
+                chain: list[int] | None = None) -> list[tuple[int, int]]:
+        """Attach one block's greedy chain and alternatives under ``parent``; return its
+        next-block starts as (node, producing slot)."""
+        o = self.options
+        starts: list[tuple[int, int]] = []
+        node, give_up, first_unsure = parent, False, None
+        for k, bucket in enumerate(block.buckets):
+            lp, ids = block.log_probs[k].tolist(), block.ids[k].tolist()
+            if o.uniform_width:
+                width = o.uniform_width
+            else:
+                width = o.beam_width if first and k == 0 else o.branching[bucket]
+                give_up = give_up or (width == 0)
+                if o.trim and math.exp(lp[0]) >= o.trim:
+                    width = 1
+            greedy = trie.add(node, ids[0], score + lp[0])
+            alternatives = [] if give_up else [trie.add(node, ids[i], score + lp[i]) for i in range(1, min(width, len(ids)))]
+            if chain is not None:
+                chain.append(greedy)
+            if o.uniform_width or (bucket != 0 and not give_up):
+                starts += [(n, k) for n in (greedy, *alternatives)]
+            if first_unsure is None and bucket != 0:
+                first_unsure = bucket
+            node, score = greedy, score + lp[0]
+        end_ok = o.uniform_width or first_unsure is None or o.branching[first_unsure] > 0
+        if end_ok and all(n != node for n, _ in starts):
+            starts.append((node, len(block.buckets) - 1))
+        return starts
+
+    def _choose(self, trie: "_Trie", starts: list[_Start]) -> list[_Start]:
+        """The best min(beam_width, remaining budget / K) starts by score, one per node."""
+        limit = min(self.options.beam_width, (self.options.budget - len(trie)) // self.model.K)
+        unique: dict[int, _Start] = {}
+        for s in starts:
+            unique.setdefault(s.node, s)
+        return sorted(unique.values(), key=lambda s: -trie.nodes[s.node].score)[:max(limit, 0)]
+
+    def _to_tree(self, trie: "_Trie") -> DraftTree:
+        parents = torch.tensor([n.parent for n in trie.nodes], dtype=torch.long)
+        scores = torch.tensor([n.score for n in trie.nodes], dtype=torch.float32)
+        tokens = torch.tensor([n.token for n in trie.nodes], dtype=torch.long)
+        keep = select_nodes(parents, scores, self.options.budget).tolist()
+        new_index = {-1: -1} | {old: new for new, old in enumerate(keep)}
+        self._chain.tree_index = new_index
+        new_parents = torch.tensor([new_index[int(parents[i])] for i in keep], dtype=torch.long)
+        return DraftTree(tokens[keep], new_parents, scores=scores[keep], kind=SiblingKind.DETERMINISTIC)
+
+
+def _with_slots(base: torch.Tensor, first_row: int, slot: int) -> torch.Tensor:
+    """``base`` plus rows first_row..first_row+slot (the producing block's slots 0..slot)."""
+    visible = base.clone()
+    visible[first_row: first_row + slot + 1] = True
+    return visible
+
+
+@dataclass
+class ChainRecord:
+    """Block 1's greedy chain of one call, to score the rank head against the verifier."""
+
+    logits: torch.Tensor  # [K, V_d] block-1 slot logits
+    buckets: list[int]  # predicted buckets
+    nodes: list[int] = field(default_factory=list)  # trie ids of g_0..g_{K-1}
+    tree_index: dict[int, int] = field(default_factory=dict)  # trie id -> tree node (kept ones)
+
+
+class RankStats:
+    """Predicted-bucket frequencies and the confusion matrix of block-1 slots whose greedy prefix
+    the target accepted (the valid-prefix positions of the paper's Table 3), at inference."""
+
+    def __init__(self) -> None:
+        self.predicted = [0] * NUM_BUCKETS
+        self.confusion = [[0] * NUM_BUCKETS for _ in range(NUM_BUCKETS)]  # [true][predicted]
+
+    def observe(self, chain: ChainRecord, result: VerifyResult, draft_index: torch.Tensor) -> None:
+        for bucket in chain.buckets:
+            self.predicted[bucket] += 1
+        accepted = list(result.accepted)
+        for k, bucket in enumerate(chain.buckets):
+            prefix = [chain.tree_index.get(n, -2) for n in chain.nodes[:k]]
+            if accepted[:k] != prefix or k >= len(result.committed):
+                break
+            draft_id = int(draft_index[result.committed[k]])
+            if draft_id < 0:
+                true = NUM_BUCKETS - 1  # outside the draft vocabulary: unreachable, like rank > 10
+            else:
+                logits = chain.logits[k]
+                true = int(rank_to_bucket((logits > logits[draft_id]).sum() + 1))
+            self.confusion[true][bucket] += 1
+
+    def summary(self) -> dict:
+        return {"rank_predicted": self.predicted, "rank_confusion": self.confusion}
+
+
+class _Trie:
+    """Draft nodes keyed by (parent, token): adding an existing pair returns that node (keeping
+    the better score), so duplicate siblings merge and their descendants stay reachable."""
+
+    def __init__(self) -> None:
+        self.nodes: list[_Node] = []
+        self.index: dict[tuple[int, int], int] = {}
+
+    def add(self, parent: int, token: int, score: float) -> int:
+        key = (parent, token)
+        if key in self.index:
+            i = self.index[key]
+            self.nodes[i].score = max(self.nodes[i].score, score)
+            return i
+        self.nodes.append(_Node(parent, token, score))
+        self.index[key] = len(self.nodes) - 1
+        return len(self.nodes) - 1
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+
+# ---- registered variants (the paper's Table 2, base-architecture half) ------------------------
+class SpecBlockNoBroadcast(SpecBlockDrafter):
+    """Drafter trained without the prefix broadcast (slots k > 0 get only their position query)."""
+
+    weights_name = "specblock-no-broadcast"
+
+
+class SpecBlockNoShift(SpecBlockDrafter):
+    """Drafter trained without the layer-wise shift."""
+
+    weights_name = "specblock-no-shift"
+
+
+class SpecBlockNoValidPrefix(SpecBlockDrafter):
+    """Drafter trained without the valid-prefix mask (every slot supervised)."""
+
+    weights_name = "specblock-no-valid-prefix"
+
+
+@dataclass
+class UniformTreeOptions(SpecBlockOptions):
+    uniform_width: int = 3  # fixed top-3 at every slot, same node budget, rank head unused
+
+
+class SpecBlockUniformTree(SpecBlockDrafter):
+    """The full SpecBlock drafter with rank-guided branching replaced by a fixed top-k tree."""
+
+    Options = UniformTreeOptions

@@ -1,0 +1,123 @@
+"""SpecBlock checkpoints: our drafter folders, and the published layout for GPU users
+(``config.json`` Llama-style with ``diffspec_draft_token_num``, ``model.safetensors`` with
+``input_layer.*`` / ``layers.N.*`` / ``shift_proj.N`` / ``rank_head.*`` keys, ``vocab_mapping.pt``
+holding ``t2d`` and ``d2t``)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from methods.eagle3 import eagle3_taps
+from methods.specblock_model import SpecBlockConfig, SpecBlockModel
+from specbench.errors import SpecbenchError
+from specbench.training.checkpoint import (CONFIG, load_drafter, read_drafter_config, read_weights, save_drafter,
+                                          target_fingerprint)
+
+OFFICIAL_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+VOCAB_MAPPING = "vocab_mapping.pt"
+# Published keys we deliberately drop: the embedding is the target's, frozen; rotary tables are derived.
+OFFICIAL_IGNORED_PREFIX = ("input_layer.embed_tokens.",)
+OFFICIAL_IGNORED_SUFFIX = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
+
+
+def save_specblock(folder: str | Path, model: SpecBlockModel, target, recipe: dict,
+                   dtype: torch.dtype | None = torch.bfloat16) -> Path:
+    config = {"method": "specblock", "architecture": asdict(model.config), "target": target_fingerprint(target),
+              "taps": list(model.taps), "draft_vocab": model.config.draft_vocab_size, "recipe": recipe}
+    return save_drafter(folder, model.state_dict(), config, dtype)
+
+
+def load_specblock(folder: str | Path, target) -> SpecBlockModel:
+    """Our folder format or the published SpecBlock layout (told apart by config.json's "method")."""
+    raw = read_drafter_config(folder)
+    if "method" not in raw:
+        return _load_official(Path(folder), raw, target)
+    if raw["method"] != "specblock":
+        raise SpecbenchError(f"{folder} holds a {raw['method']!r} drafter, not specblock")
+    config, state = load_drafter(folder, target)
+    arch = SpecBlockConfig(**config["architecture"])
+    taps = tuple(config["taps"])
+    if taps != eagle3_taps(target.num_layers):
+        raise SpecbenchError(f"drafter {folder} reads taps {list(taps)} but target {target.name!r} needs "
+                             f"{list(eagle3_taps(target.num_layers))}; train one for this target")
+    return _fill(_build(arch, taps, target, folder), state, folder)
+
+
+def _build(arch: SpecBlockConfig, taps, target, folder) -> SpecBlockModel:
+    if arch.hidden_size != target.hidden_size:
+        raise SpecbenchError(f"drafter {folder} has hidden size {arch.hidden_size} but target {target.name!r} has "
+                             f"{target.hidden_size}; use a SpecBlock drafter trained for this target")
+    if arch.vocab_size != target.vocab_size:
+        raise SpecbenchError(f"drafter {folder} maps a vocabulary of {arch.vocab_size} tokens but target "
+                             f"{target.name!r} has {target.vocab_size}; use a drafter trained for this target")
+    return SpecBlockModel(arch, tuple(taps), target.model.get_input_embeddings())
+
+
+def _fill(model: SpecBlockModel, state: dict[str, torch.Tensor], folder) -> SpecBlockModel:
+    """Load in the checkpoint's own dtype, so loading is exact."""
+    model.to(state.get("lm_head.weight", model.lm_head.weight).dtype)
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as exc:
+        last = str(exc).strip().splitlines()[-1].strip()
+        raise SpecbenchError(f"drafter {folder} does not match its config ({last})") from None
+    return model
+
+
+def official_config(raw: dict, source: str, target) -> SpecBlockConfig:
+    required = ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
+    missing = [k for k in required if k not in raw]
+    if missing:
+        raise SpecbenchError(f"{source} lacks {', '.join(missing)}; it is not a SpecBlock config")
+    heads = raw["num_attention_heads"]
+    scaling = raw.get("rope_scaling")
+    if scaling and scaling.get("rope_type", scaling.get("type")) == "default":
+        scaling = None
+    return SpecBlockConfig(
+        hidden_size=raw["hidden_size"], num_attention_heads=heads,
+        num_key_value_heads=raw.get("num_key_value_heads") or heads,
+        head_dim=raw.get("head_dim") or raw["hidden_size"] // heads, intermediate_size=raw["intermediate_size"],
+        rms_norm_eps=raw.get("rms_norm_eps", 1e-5), vocab_size=raw["vocab_size"],
+        draft_vocab_size=raw.get("draft_vocab_size") or raw["vocab_size"],
+        block_size=raw.get("diffspec_draft_token_num", 4), num_layers=raw.get("num_hidden_layers", 2),
+        hidden_act=raw.get("hidden_act", "silu"), rope_theta=raw.get("rope_theta", 10000.0), rope_scaling=scaling,
+        max_position_embeddings=raw.get("max_position_embeddings", 2048))
+
+
+def _vocab_mapping(folder: Path) -> dict[str, torch.Tensor] | None:
+    path = folder / VOCAB_MAPPING
+    if not path.is_file():
+        return None
+    try:
+        mapping = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # pickle and zip errors have many types; all mean the same to the user
+        raise SpecbenchError(f"{path} is not a readable vocab mapping ({type(exc).__name__}); re-download it") from None
+    if not isinstance(mapping, dict) or not {"t2d", "d2t"} <= set(mapping):
+        raise SpecbenchError(f"{path} must hold a dict with 't2d' and 'd2t' tensors")
+    return {"t2d": mapping["t2d"].bool(), "d2t": mapping["d2t"].long()}
+
+
+def _load_official(folder: Path, raw: dict, target) -> SpecBlockModel:
+    arch = official_config(raw, str(folder / CONFIG), target)
+    tapped = raw.get("target_hidden_size", arch.hidden_size)
+    if tapped != target.hidden_size:
+        raise SpecbenchError(f"drafter {folder} fuses taps of hidden size {tapped} but target {target.name!r} has "
+                             f"{target.hidden_size}; use a SpecBlock drafter trained for this target")
+    model = _build(arch, eagle3_taps(target.num_layers), target, folder)
+    state = read_weights(folder, OFFICIAL_WEIGHTS, "SpecBlock")
+    state = {k: v for k, v in state.items()
+             if not k.startswith(OFFICIAL_IGNORED_PREFIX) and not k.endswith(OFFICIAL_IGNORED_SUFFIX)}
+    mapping = _vocab_mapping(folder)
+    if mapping is not None:
+        state.update(mapping)
+    expected = set(model.state_dict())
+    unmapped, missing = sorted(set(state) - expected), sorted(expected - set(state))
+    if unmapped:
+        raise SpecbenchError(f"SpecBlock checkpoint {folder} has keys this loader does not map: {', '.join(unmapped)}")
+    if missing:
+        raise SpecbenchError(f"SpecBlock checkpoint {folder} lacks keys: {', '.join(missing)}"
+                             + (f" (no {VOCAB_MAPPING}?)" if "t2d" in missing else ""))
+    return _fill(model, state, folder)

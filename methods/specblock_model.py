@@ -1,0 +1,245 @@
+"""The SpecBlock drafter network (paper §3.1-3.2, METHODS.md §6.1).
+
+One forward turns G start points into G blocks of K dependent slots:
+
+    slot input  h0[g, k] = W_fuse [norm(c_g); norm(embed(x_g)); norm(q_k)]      (prefix broadcast)
+    layer l>0   h[g, k] <- W_shift^(l) [h[g, k]; h[g, k-1]]   (h[g, -1] := h[g, 0])  (layer-wise shift)
+    heads       p = softmax(lm_head(norm(h^L))),  bucket = rank_head(sg(norm(h^L)), sg(psi(p)))
+
+``c_g`` is W_cond over three target taps for a committed position, or the drafter's own pre-norm
+last-layer state h^L for a cross-block start (W_cond bypassed). Rows are laid out group-major
+(row = g*K + k); attention is given as an explicit boolean mask so that training (all positions
+at once) and inference (cache + tree starts) share one code path.
+
+Module names follow the published SpecBlock checkpoints (``input_layer.*``, ``layers.N.*``,
+``shift_proj.N``, ``norm``, ``lm_head``, ``rank_head.0/2``), so both formats share one state dict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from methods.eagle3 import RMSNorm, Rotary, SwiGLU, _repeat_kv, _rope_of, _rotate
+from specbench.errors import SpecbenchError
+
+KV = tuple[torch.Tensor, torch.Tensor]  # keys, values: [B, kv_heads, S, head_dim]
+RANK_FEATURES = 15  # top-10 log-probs, 3 logit gaps, top-1 probability, entropy
+RANK_TOPK = 20  # log-sum-exp over the top-20 logits, in training and inference alike
+BUCKET_EDGES = (1, 4, 10)  # rank 1 | 2-4 | 5-10 | >10  ->  buckets 0, 1, 2, 3
+NUM_BUCKETS = 4
+
+
+@dataclass
+class SpecBlockConfig:
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    vocab_size: int  # the target's
+    draft_vocab_size: int
+    block_size: int = 4  # K
+    num_layers: int = 2
+    prefix_broadcast: bool = True  # False: only slot 0 receives c and the token embedding (ablation)
+    layer_shift: bool = True  # False: no W_shift between layers (ablation)
+    hidden_act: str = "silu"
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    max_position_embeddings: int = 2048
+
+    @classmethod
+    def from_target(cls, target, draft_vocab: int, **overrides) -> "SpecBlockConfig":
+        cfg = target.config
+        heads = cfg.num_attention_heads
+        theta, scaling = _rope_of(cfg)
+        return cls(hidden_size=cfg.hidden_size, num_attention_heads=heads,
+                   num_key_value_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+                   head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+                   intermediate_size=cfg.intermediate_size, rms_norm_eps=getattr(cfg, "rms_norm_eps", 1e-6),
+                   vocab_size=target.vocab_size, draft_vocab_size=draft_vocab,
+                   hidden_act=getattr(cfg, "hidden_act", "silu"), rope_theta=theta, rope_scaling=scaling,
+                   max_position_embeddings=getattr(cfg, "max_position_embeddings", 2048) or 2048, **overrides)
+
+
+def rank_features(logits: torch.Tensor) -> torch.Tensor:
+    """psi(p) [..., 15] from draft logits [..., V_d] (App. B), normalised over the top-20 logits."""
+    top = logits.detach().float().topk(RANK_TOPK, dim=-1).values
+    lse = top.logsumexp(-1, keepdim=True)
+    log_p = top - lse
+    gaps = top[..., :1] - top[..., [1, 2, 4]]  # raw-logit gaps to ranks 2, 3 and 5
+    entropy = -(log_p.exp() * log_p).sum(-1, keepdim=True)
+    return torch.cat([log_p[..., :10], gaps, log_p[..., :1].exp(), entropy], -1)
+
+
+def rank_to_bucket(rank: torch.Tensor) -> torch.Tensor:
+    """1-based rank -> bucket 0..3."""
+    return torch.bucketize(rank, torch.tensor(BUCKET_EDGES, device=rank.device), right=False)
+
+
+class InputLayer(nn.Module):
+    """Fuses condition, token embedding and the K position queries into K slot inputs."""
+
+    def __init__(self, cfg: SpecBlockConfig) -> None:
+        super().__init__()
+        h = cfg.hidden_size
+        self.condition_proj = nn.Linear(3 * h, h, bias=False)  # W_cond
+        self.condition_norm = RMSNorm(h, cfg.rms_norm_eps)
+        self.token_norm = RMSNorm(h, cfg.rms_norm_eps)
+        self.position_queries = nn.Embedding(cfg.block_size, h)
+        nn.init.normal_(self.position_queries.weight, std=0.02)
+        self.query_norm = RMSNorm(h, cfg.rms_norm_eps)
+        self.fuse = nn.Linear(3 * h, h, bias=False)  # W_fuse
+        self.broadcast = cfg.prefix_broadcast
+
+    def forward(self, condition: torch.Tensor, token_emb: torch.Tensor) -> torch.Tensor:
+        """condition [B, G, 3H] (target taps) or [B, G, H] (own h^L); token_emb [B, G, H] -> [B, G*K, H]."""
+        h = token_emb.shape[-1]
+        c = condition if condition.shape[-1] == h else self.condition_proj(condition)
+        w = self.fuse.weight  # [H, 3H]: apply the three column blocks separately, no [.., K, 3H] concat
+        shared = F.linear(self.condition_norm(c), w[:, :h]) + F.linear(self.token_norm(token_emb), w[:, h:2 * h])
+        queries = F.linear(self.query_norm(self.position_queries.weight), w[:, 2 * h:])  # [K, H]
+        shared = shared[:, :, None, :]
+        if not self.broadcast:  # ablation: slots k > 0 see the prefix only through attention
+            only_first = torch.zeros(queries.shape[0], 1, dtype=shared.dtype, device=shared.device)
+            only_first[0] = 1
+            shared = shared * only_first
+        out = shared + queries
+        b, g, k, _ = out.shape
+        return out.reshape(b, g * k, h)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: SpecBlockConfig) -> None:
+        super().__init__()
+        d, h, kvh = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+        self.q_proj = nn.Linear(cfg.hidden_size, h * d, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, kvh * d, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, kvh * d, bias=False)
+        self.o_proj = nn.Linear(h * d, cfg.hidden_size, bias=False)
+        self.heads, self.kv_heads, self.head_dim = h, kvh, d
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, visible: torch.Tensor,
+                past: KV | None) -> tuple[torch.Tensor, KV]:
+        b, n, _ = x.shape
+        q = _rotate(self.q_proj(x).view(b, n, self.heads, self.head_dim).transpose(1, 2), cos, sin)
+        k = _rotate(self.k_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
+        v = self.v_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        keys, values = (k, v) if past is None else (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2))
+        groups = self.heads // self.kv_heads
+        out = F.scaled_dot_product_attention(q, _repeat_kv(keys, groups), _repeat_kv(values, groups),
+                                             attn_mask=visible[:, None] if visible.dim() == 3 else visible)
+        return self.o_proj(out.transpose(1, 2).reshape(b, n, -1)), (k, v)
+
+
+class DecoderLayer(nn.Module):
+    """A Llama decoder layer with the target's shapes."""
+
+    def __init__(self, cfg: SpecBlockConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = SwiGLU(cfg)
+
+    def forward(self, x, cos, sin, visible, past):
+        attn, kv = self.self_attn(self.input_layernorm(x), cos, sin, visible, past)
+        x = x + attn
+        return x + self.mlp(self.post_attention_layernorm(x)), kv
+
+
+@dataclass
+class BlockOutput:
+    hidden: torch.Tensor  # [B, N, H] pre-norm last-layer state h^L (the next blocks' condition)
+    logits: torch.Tensor  # [B, N, V_d]
+    rank_logits: torch.Tensor  # [B, N, 4]
+    kv: list[KV]  # per layer, keys/values of the N new rows
+
+
+class SpecBlockModel(nn.Module):
+    """The drafter. The token embedding is the target's, frozen and referenced (not saved)."""
+
+    def __init__(self, config: SpecBlockConfig, taps: tuple[int, ...], embedding: nn.Module | None = None) -> None:
+        super().__init__()
+        if config.draft_vocab_size < RANK_TOPK:
+            raise SpecbenchError(f"SpecBlock's rank features need a draft vocabulary of >= {RANK_TOPK} tokens "
+                                 f"(got {config.draft_vocab_size})")
+        self.config = config
+        self.taps = tuple(taps)
+        h = config.hidden_size
+        self.input_layer = InputLayer(config)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        n_shift = config.num_layers - 1 if config.layer_shift else 0
+        self.shift_proj = nn.ModuleList(nn.Linear(2 * h, h, bias=False) for _ in range(n_shift))
+        self.norm = RMSNorm(h, config.rms_norm_eps)
+        self.lm_head = nn.Linear(h, config.draft_vocab_size, bias=False)
+        self.rank_head = nn.Sequential(nn.Linear(h + RANK_FEATURES, 256, bias=False), nn.SiLU(),
+                                       nn.Linear(256, NUM_BUCKETS, bias=False))
+        self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.arange(config.vocab_size) < config.draft_vocab_size)
+        self.rotary = Rotary(config)
+        self._embedding: tuple[nn.Module, ...] = ()
+        if embedding is not None:
+            self._embedding = (embedding,)  # a tuple keeps it out of parameters() and state_dict()
+
+    @property
+    def K(self) -> int:
+        return self.config.block_size
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    def attach_embedding(self, embedding: nn.Module) -> None:
+        self._embedding = (embedding,)
+
+    def embed(self, target_ids: torch.Tensor) -> torch.Tensor:
+        if not self._embedding:
+            raise RuntimeError("SpecBlockModel has no token embedding; call attach_embedding(target embedding)")
+        with torch.no_grad():
+            return self._embedding[0](target_ids).to(self.dtype)
+
+    def features(self, taps: dict[int, torch.Tensor]) -> torch.Tensor:
+        return torch.cat([taps[i] for i in self.taps], -1)
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+    def draft_index(self) -> torch.Tensor:
+        """[V] target id -> draft id (-1 outside the draft vocabulary)."""
+        index = torch.full_like(self.d2t.new_empty(self.config.vocab_size), -1)
+        members = self.t2d.nonzero().squeeze(-1)
+        index[members] = torch.arange(members.numel(), device=members.device)
+        return index
+
+    def _shift(self, x: torch.Tensor, layer: int) -> torch.Tensor:
+        """Slot k's state mixed with slot k-1's of the same block (slot 0 with itself)."""
+        b, n, h = x.shape
+        blocks = x.view(b, n // self.K, self.K, h)
+        prev = torch.cat([blocks[:, :, :1], blocks[:, :, :-1]], 2).reshape(b, n, h)
+        w = self.shift_proj[layer].weight
+        return F.linear(x, w[:, :h]) + F.linear(prev, w[:, h:])
+
+    def forward(self, condition: torch.Tensor, token_ids: torch.Tensor, positions: torch.Tensor,
+                visible: torch.Tensor, past: list[KV] | None = None) -> BlockOutput:
+        """G blocks in one pass.
+
+        condition [B, G, 3H | H]; token_ids [B, G] target ids; positions [B, G*K] rotary ids;
+        visible [B?, G*K, S + G*K] bool (True = attend) over ``past`` rows (S per layer) then the
+        new rows. Returns per-row outputs and the new rows' keys/values (not concatenated to past)."""
+        x = self.input_layer(condition.to(self.dtype), self.embed(token_ids))
+        cos, sin = self.rotary(positions, x.dtype)
+        kv: list[KV] = []
+        for i, layer in enumerate(self.layers):
+            if i > 0 and self.shift_proj:
+                x = self._shift(x, i - 1)
+            x, layer_kv = layer(x, cos, sin, visible, None if past is None else past[i])
+            kv.append(layer_kv)
+        normed = self.norm(x)
+        logits = self.lm_head(normed)
+        rank_in = torch.cat([normed.detach(), rank_features(logits).to(normed.dtype)], -1)
+        return BlockOutput(x, logits, self.rank_head(rank_in), kv)
