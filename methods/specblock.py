@@ -135,7 +135,8 @@ class SpecBlockDrafter(Drafter):
         n_cache = self.cache[0][0].shape[2]
         older = torch.ones(n_cache, dtype=torch.bool)
         older[-k:] = False  # the last position's slots are on-path only up to the start's slot
-        self._chain = ChainRecord(out.logits[0, -k:].float().cpu(), block.buckets)
+        self._chain = ChainRecord(out.logits[0, -k:].float().cpu(), block.buckets,
+                                  hidden=self.model.norm(out.hidden[0, -k:]).float().cpu(), position=self.encoded - 1)
         slot_starts = self._expand(trie, -1, 0.0, block, first=True, chain=self._chain.nodes)
         starts = [_Start(node, out.hidden[0, slot - k], _with_slots(older, n_cache - k, slot))
                   for node, slot in slot_starts]
@@ -263,6 +264,19 @@ class ChainRecord:
     buckets: list[int]  # predicted buckets
     nodes: list[int] = field(default_factory=list)  # trie ids of g_0..g_{K-1}
     tree_index: dict[int, int] = field(default_factory=dict)  # trie id -> tree node (kept ones)
+    hidden: torch.Tensor | None = None  # [K, H] RMSNorm(h^L) per slot (what lm_head and the rank head read)
+    position: int = -1  # committed index j whose pair (taps j, token j+1) started block 1
+
+    def first_miss(self, result: VerifyResult, chain_tokens: list[int]) -> int | None:
+        """The first slot whose greedy token is not what the target committed, given every earlier
+        greedy token was accepted (None if the whole chain was accepted or the prefix diverged)."""
+        accepted = list(result.accepted)
+        for k in range(len(self.nodes)):
+            if k >= len(result.committed) or accepted[:k] != [self.tree_index.get(n, -2) for n in self.nodes[:k]]:
+                return None
+            if result.committed[k] != chain_tokens[k]:
+                return k
+        return None
 
 
 class RankStats:
