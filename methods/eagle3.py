@@ -32,8 +32,8 @@ from specbench.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
 from specbench.target import Target, TargetOutput
 from specbench.training.batch import TrainBatch
-from specbench.training.checkpoint import (CONFIG, load_drafter, read_drafter_config, read_weights, save_drafter,
-                                          target_fingerprint)
+from specbench.training.checkpoint import (CONFIG, load_drafter, load_state_exactly, read_drafter_config,
+                                          read_weights, save_drafter, target_fingerprint)
 from specbench.tree import DraftTree, SiblingKind
 
 KV = tuple[torch.Tensor, torch.Tensor]  # keys, values: [B, kv_heads, S, head_dim]
@@ -71,16 +71,7 @@ class Eagle3Config:
 
     @classmethod
     def from_target(cls, target: Target, draft_vocab: int) -> "Eagle3Config":
-        cfg = target.config
-        heads = cfg.num_attention_heads
-        theta, scaling = _rope_of(cfg)
-        return cls(hidden_size=cfg.hidden_size, num_attention_heads=heads,
-                   num_key_value_heads=getattr(cfg, "num_key_value_heads", None) or heads,
-                   head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
-                   intermediate_size=cfg.intermediate_size, rms_norm_eps=getattr(cfg, "rms_norm_eps", 1e-6),
-                   vocab_size=target.vocab_size, draft_vocab_size=draft_vocab,
-                   hidden_act=getattr(cfg, "hidden_act", "silu"), rope_theta=theta, rope_scaling=scaling,
-                   max_position_embeddings=getattr(cfg, "max_position_embeddings", 2048) or 2048)
+        return cls(**target_layer_shapes(target), draft_vocab_size=draft_vocab)
 
     @classmethod
     def from_official(cls, raw: dict, source: str) -> "Eagle3Config":
@@ -100,6 +91,20 @@ class Eagle3Config:
                    vocab_size=raw["vocab_size"], draft_vocab_size=raw.get("draft_vocab_size") or raw["vocab_size"],
                    hidden_act=raw.get("hidden_act", "silu"), rope_theta=raw.get("rope_theta", 10000.0),
                    rope_scaling=scaling, max_position_embeddings=raw.get("max_position_embeddings", 2048))
+
+
+def target_layer_shapes(target: Target) -> dict:
+    """The target's per-layer shapes, norm, activation, RoPE and vocabulary, as config fields
+    (drafters built from the target's layer shapes share them)."""
+    cfg = target.config
+    heads = cfg.num_attention_heads
+    theta, scaling = _rope_of(cfg)
+    return dict(hidden_size=cfg.hidden_size, num_attention_heads=heads,
+                num_key_value_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+                head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+                intermediate_size=cfg.intermediate_size, rms_norm_eps=getattr(cfg, "rms_norm_eps", 1e-6),
+                vocab_size=target.vocab_size, hidden_act=getattr(cfg, "hidden_act", "silu"), rope_theta=theta,
+                rope_scaling=scaling, max_position_embeddings=getattr(cfg, "max_position_embeddings", 2048) or 2048)
 
 
 def _rope_of(cfg) -> tuple[float, dict | None]:
@@ -415,14 +420,7 @@ def _build(cls: type[Eagle3Model], arch: Eagle3Config, taps: Sequence[int], targ
 
 
 def _fill(model: Eagle3Model, state: dict[str, torch.Tensor], folder: str | Path) -> Eagle3Model:
-    """Load weights in the checkpoint's own dtype, so that loading is exact."""
-    model.to(state.get("fc.weight", model.fc.weight).dtype)
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as exc:
-        last = str(exc).strip().splitlines()[-1].strip()
-        raise SpecbenchError(f"drafter {folder} does not match its config ({last})") from None
-    return model
+    return load_state_exactly(model, state, folder)
 
 
 def _read_official_weights(folder) -> dict[str, torch.Tensor]:

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from methods.specblock import SpecBlockDrafter, SpecBlockOptions
-from methods.specblock_model import NUM_BUCKETS, SpecBlockModel, rank_features, rank_to_bucket
+from methods.specblock_model import SpecBlockModel, rank_features, rank_to_bucket
 from methods.specblock_train import block1_mask
 from specbench.drafter import DecodeState, VerifyResult
 from specbench.target import Target, TargetOutput

@@ -13,8 +13,8 @@ import torch
 from methods.eagle3 import eagle3_taps
 from methods.specblock_model import SpecBlockConfig, SpecBlockModel
 from specbench.errors import SpecbenchError
-from specbench.training.checkpoint import (CONFIG, load_drafter, read_drafter_config, read_weights, save_drafter,
-                                          target_fingerprint)
+from specbench.training.checkpoint import (CONFIG, load_drafter, load_state_exactly, read_drafter_config,
+                                          read_weights, save_drafter, target_fingerprint)
 
 OFFICIAL_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 VOCAB_MAPPING = "vocab_mapping.pt"
@@ -57,14 +57,7 @@ def _build(arch: SpecBlockConfig, taps, target, folder) -> SpecBlockModel:
 
 
 def _fill(model: SpecBlockModel, state: dict[str, torch.Tensor], folder) -> SpecBlockModel:
-    """Load in the checkpoint's own dtype, so loading is exact."""
-    model.to(state.get("lm_head.weight", model.lm_head.weight).dtype)
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as exc:
-        last = str(exc).strip().splitlines()[-1].strip()
-        raise SpecbenchError(f"drafter {folder} does not match its config ({last})") from None
-    return model
+    return load_state_exactly(model, state, folder)
 
 
 def official_config(raw: dict, source: str, target) -> SpecBlockConfig:

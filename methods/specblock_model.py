@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from methods.eagle3 import RMSNorm, Rotary, SwiGLU, _repeat_kv, _rope_of, _rotate
+from methods.eagle3 import RMSNorm, Rotary, SwiGLU, _repeat_kv, _rotate, target_layer_shapes
 from specbench.errors import SpecbenchError
 
 KV = tuple[torch.Tensor, torch.Tensor]  # keys, values: [B, kv_heads, S, head_dim]
@@ -54,16 +54,7 @@ class SpecBlockConfig:
 
     @classmethod
     def from_target(cls, target, draft_vocab: int, **overrides) -> "SpecBlockConfig":
-        cfg = target.config
-        heads = cfg.num_attention_heads
-        theta, scaling = _rope_of(cfg)
-        return cls(hidden_size=cfg.hidden_size, num_attention_heads=heads,
-                   num_key_value_heads=getattr(cfg, "num_key_value_heads", None) or heads,
-                   head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
-                   intermediate_size=cfg.intermediate_size, rms_norm_eps=getattr(cfg, "rms_norm_eps", 1e-6),
-                   vocab_size=target.vocab_size, draft_vocab_size=draft_vocab,
-                   hidden_act=getattr(cfg, "hidden_act", "silu"), rope_theta=theta, rope_scaling=scaling,
-                   max_position_embeddings=getattr(cfg, "max_position_embeddings", 2048) or 2048, **overrides)
+        return cls(**target_layer_shapes(target), draft_vocab_size=draft_vocab, **overrides)
 
 
 def rank_features(logits: torch.Tensor) -> torch.Tensor:

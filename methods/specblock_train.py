@@ -129,7 +129,7 @@ class SpecBlockLoss:
                      metrics: dict, prefix: str, extra_ok: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Draft and rank losses of G blocks whose slot k reads target index ``index`` [B, G, K]
         (p* at index + 1, predicted token at index + 2)."""
-        m, k = self.model, self.model.K
+        k = self.model.K
         b, t = wanted.shape
         g = index.shape[1]
         p_idx = (index + 1).clamp(max=t - 1)

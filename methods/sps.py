@@ -75,8 +75,8 @@ class SpSDrafter(Drafter):
 
     def __init__(self, options: SpSOptions | None = None, model=None, tokenizer=None) -> None:
         super().__init__(options)
-        if self.options.gamma < 1:
-            raise SpecbenchError(f"sps: gamma must be >= 1, got {self.options.gamma}")
+        if getattr(self.options, "gamma", 1) < 1:  # subclasses that set the length adaptively may have none
+            raise SpecbenchError(f"{self.name}: gamma must be >= 1, got {self.options.gamma}")
         self.model, self.tokenizer = model, tokenizer
 
     def setup(self, target: Target) -> None:
@@ -106,37 +106,52 @@ class SpSDrafter(Drafter):
         self.cache = DynamicCache()
         self.cached: list[int] = []  # token ids whose keys/values are in self.cache
 
-    def _logits(self, ids: list[int], start: int, state: DecodeState) -> torch.Tensor:
+    def _run(self, ids: list[int], start: int, state: DecodeState):
+        """One draft-model forward over ``ids`` at positions start.. (appends to the draft cache)."""
         x = torch.tensor([ids], device=self.device)
         pos = torch.arange(start, start + len(ids), device=self.device).unsqueeze(0)
         with torch.inference_mode(), state.timer.forward("drafter"):
-            out = self.model(input_ids=x, position_ids=pos, past_key_values=self.cache, use_cache=True)
-        return out.logits[0, -1, : self.vocab]
+            return self.model(input_ids=x, position_ids=pos, past_key_values=self.cache, use_cache=True)
 
-    def propose(self, state: DecodeState) -> DraftTree:
-        committed = state.tokens
-        # Reuse the longest cached prefix that is still committed; always re-feed >= 1 token.
+    def _logits(self, ids: list[int], start: int, state: DecodeState) -> torch.Tensor:
+        return self._run(ids, start, state).logits[0, -1, : self.vocab]
+
+    def _sync(self, committed: list[int]) -> tuple[list[int], int]:
+        """Crop the draft cache to the longest cached prefix that is still committed; return the
+        committed tokens to feed and their first position (always >= 1 token, so there are logits)."""
         keep = 0
         limit = min(len(self.cached), len(committed) - 1)
         while keep < limit and self.cached[keep] == committed[keep]:
             keep += 1
         kvcache.truncate(self.cache, keep)
-        feed, start = committed[keep:], keep
+        return committed[keep:], keep
+
+    def _pick(self, logits: torch.Tensor, state: DecodeState) -> tuple[int, torch.Tensor | None]:
+        """The next draft token and, when sampled, the distribution q it was drawn from."""
+        if state.params.greedy:
+            return int(logits.argmax()), None
+        q = logits_to_probs(logits.unsqueeze(0), state.params)[0]
+        return int(torch.multinomial(q, 1, generator=state.generator)), q
+
+    def _stop(self, drafts: list[int], logits: torch.Tensor, state: DecodeState) -> bool:
+        """Whether the chain ends after ``drafts`` (SpS: a fixed length; subclasses adapt it)."""
+        return len(drafts) >= self.options.gamma
+
+    def propose(self, state: DecodeState) -> DraftTree:
+        committed = state.tokens
+        feed, start = self._sync(committed)
         drafts, qs = [], []
-        sampled = not state.params.greedy
-        for _ in range(self.options.gamma):
+        while True:
             logits = self._logits(feed, start, state)
-            if sampled:
-                q = logits_to_probs(logits.unsqueeze(0), state.params)[0]
-                token = int(torch.multinomial(q, 1, generator=state.generator))
-                qs.append(q)
-            else:
-                token = int(logits.argmax())
+            token, q = self._pick(logits, state)
             start += len(feed)
             drafts.append(token)
+            qs.append(q)
             feed = [token]
+            if self._stop(drafts, logits, state):
+                break
         self.cached = committed + drafts[:-1]
-        if sampled:
+        if not state.params.greedy:
             return DraftTree.chain(drafts, q=torch.stack(qs), kind=SiblingKind.SAMPLED_IID)
         return DraftTree.chain(drafts)
 

@@ -96,7 +96,13 @@ def parse_sweep(sweep: str) -> tuple[str, list[str]]:
 
 
 def parse_also(spec: str) -> Side:
-    """``name@key=value@key=value`` -> a side labelled by the whole spec."""
+    """``name@key=value@key=value`` -> a side labelled by the whole spec; a trailing
+    ``@label=LABEL`` (everything after it, '@' included) names the side instead."""
+    label = spec
+    if "@label=" in spec:
+        spec, label = spec.split("@label=", 1)
+        if not label:
+            raise SpecbenchError(f"--also {spec}@label= needs a label after 'label='")
     name, *pairs = spec.split("@")
     options = {}
     for pair in pairs:
@@ -104,7 +110,7 @@ def parse_also(spec: str) -> Side:
         if not sep or not key.strip():
             raise SpecbenchError(f"--also expects name or name@key=value[@key=value...] (got {spec!r})")
         options[key.strip().replace("-", "_")] = value.strip()
-    return Side(spec, name.strip(), options)
+    return Side(label, name.strip(), options)
 
 
 def run_sides(cfg: RunConfig) -> list[Side]:

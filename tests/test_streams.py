@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 
 import pytest
 
@@ -27,6 +25,11 @@ def test_sweep_and_also_make_one_side_each():
 def test_bad_sweep_is_one_clear_error(bad):
     with pytest.raises(SpecbenchError, match="--sweep expects key=v1,v2"):
         parse_sweep(bad)
+
+
+def test_also_label_names_the_side():
+    side = parse_also("eagle3@total_tokens=16@depth=4@label=eagle3@budget=16")
+    assert side == type(side)("eagle3@budget=16", "eagle3", {"total_tokens": "16", "depth": "4"})
 
 
 def test_bad_also_and_duplicate_labels_are_refused():

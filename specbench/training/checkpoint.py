@@ -95,3 +95,18 @@ def read_weights(folder: str | Path, candidates: tuple[str, ...], kind: str) -> 
         except Exception as exc:  # both loaders raise several types for truncated or garbled files
             raise SpecbenchError(f"{path} is corrupt ({type(exc).__name__}); re-download it") from None
     raise SpecbenchError(f"{folder} has none of {', '.join(candidates)}; it is not a complete {kind} checkpoint")
+
+
+def load_state_exactly(model: torch.nn.Module, state: dict[str, torch.Tensor], folder: str | Path,
+                       what: str = "drafter") -> torch.nn.Module:
+    """Cast ``model`` to the checkpoint's floating dtype (so loading is exact), then load; a shape
+    or key mismatch becomes one line naming the folder."""
+    dtype = next((v.dtype for v in state.values() if v.is_floating_point()), None)
+    if dtype is not None:
+        model.to(dtype)
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as exc:
+        last = str(exc).strip().splitlines()[-1].strip()
+        raise SpecbenchError(f"{what} {folder} does not match its config ({last})") from None
+    return model

@@ -1,0 +1,543 @@
+"""DFlash: a block drafter that predicts the L-1 tokens after the bonus in ONE non-causal forward,
+conditioned on target features; ``dflash`` verifies the argmax chain of that block (METHODS.md §7.1).
+
+Architecture (Qwen3-style layers, our own code):
+
+* context c_j = RMSNorm(fc([taps of target layers ``target_layer_ids`` at j])), taps =
+  ``hidden_states[id + 1]``;
+* ``n_d`` decoder layers; in every layer keys/values = [k_proj(c_context); k_proj(x_block)]
+  (same for v) with per-head q/k RMSNorm, queries from the block only, no causal mask in the block;
+* block = the target's (frozen) embeddings of [bonus, MASK x (L-1)] at positions n..n+L-1; final
+  RMSNorm -> the target's (frozen) lm_head; outputs 1..L-1 are the marginals q_1..q_{L-1}.
+
+Context keys/values depend on c only, so the drafter caches them for committed positions (taps of
+the rows the engine keeps) and never caches block rows: nothing needs cropping.
+
+Training (METHODS.md §7.3, the SpecForge recipe): random anchors a among assistant tokens
+(a <= len - L), block [x_a, MASK...] at a..a+L-1, a block sees context features at positions < a
+and its own block only; slot k predicts x_{a+k}, CE weighted exp(-(k-1)/gamma) / sum of weights.
+
+Checkpoints: our folder format (target fingerprint) or the published z-lab layout (Qwen3 config.json
+with ``dflash_config.target_layer_ids`` / ``mask_token_id`` and ``block_size``); module names follow
+the published keys, so one state-dict layout serves both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from methods.eagle3 import RMSNorm, Rotary, SwiGLU, _repeat_kv, _rope_of, _rotate
+from specbench.drafter import DecodeState, Drafter, VerifyResult
+from specbench.errors import SpecbenchError
+from specbench.target import Target, TargetOutput
+from specbench.training.batch import TrainBatch
+from specbench.training.checkpoint import (CONFIG, load_drafter, load_state_exactly, read_drafter_config,
+                                          read_weights, save_drafter, target_fingerprint)
+from specbench.tree import DraftTree, SiblingKind
+
+METHOD = "dflash"
+SHIPPED_DIR = Path(__file__).resolve().parent.parent / "drafters"  # drafters/<target name>/dflash
+OFFICIAL_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+DECAY_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}  # loss decay per block size (SpecForge's published settings)
+MAX_ANCHORS = 512  # per sequence, as in the reference recipe
+MIN_LOSS_TOKENS = 32  # shorter responses are dropped from training
+
+KV = tuple[torch.Tensor, torch.Tensor]  # [B, kv_heads, S, head_dim]
+
+
+def default_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """One tap per drafter layer, evenly spaced over layers 1..L-3 (a single layer taps L/2)."""
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    span = num_target_layers - 4
+    return [round(1 + i * span / (num_draft_layers - 1)) for i in range(num_draft_layers)]
+
+
+def decay_gamma(block_size: int) -> float:
+    return DECAY_GAMMA.get(block_size, max(1.0, round(block_size * 7 / 16)))
+
+
+# ---- architecture ----------------------------------------------------------------------------
+@dataclass
+class DFlashConfig:
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    num_hidden_layers: int  # drafter layers
+    rms_norm_eps: float
+    vocab_size: int  # the target's
+    num_target_layers: int
+    block_size: int
+    mask_token_id: int
+    target_layer_ids: list[int] = field(default_factory=list)
+    draft_vocab_size: int = 0  # 0 = the target's whole lm_head (published); else a subset of its rows
+    hidden_act: str = "silu"
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    max_position_embeddings: int = 2048
+
+    @classmethod
+    def from_target(cls, target: Target, layers: int, block_size: int, mask_token_id: int,
+                    target_layer_ids: Sequence[int] | None = None, draft_vocab_size: int = 0) -> "DFlashConfig":
+        cfg = target.config
+        heads = cfg.num_attention_heads
+        theta, scaling = _rope_of(cfg)
+        ids = list(target_layer_ids) if target_layer_ids else default_layer_ids(target.num_layers, layers)
+        return cls(hidden_size=cfg.hidden_size, num_attention_heads=heads,
+                   num_key_value_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+                   head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+                   intermediate_size=cfg.intermediate_size, num_hidden_layers=layers,
+                   rms_norm_eps=getattr(cfg, "rms_norm_eps", 1e-6), vocab_size=target.vocab_size,
+                   num_target_layers=target.num_layers, block_size=block_size, mask_token_id=mask_token_id,
+                   target_layer_ids=ids, draft_vocab_size=draft_vocab_size,
+                   hidden_act=getattr(cfg, "hidden_act", "silu"), rope_theta=theta,
+                   rope_scaling=scaling, max_position_embeddings=getattr(cfg, "max_position_embeddings", 2048) or 2048)
+
+    @classmethod
+    def from_official(cls, raw: dict, source: str) -> "DFlashConfig":
+        """From a published DFlash ``config.json`` (Qwen3 keys + ``dflash_config``)."""
+        extra = raw.get("dflash_config") or {}
+        required = ("hidden_size", "num_attention_heads", "intermediate_size", "num_hidden_layers", "vocab_size")
+        missing = [k for k in required if k not in raw]
+        if missing or "mask_token_id" not in extra:
+            missing += [] if "mask_token_id" in extra else ["dflash_config.mask_token_id"]
+            raise SpecbenchError(f"{source} lacks {', '.join(missing)}; it is not a DFlash config")
+        if raw.get("use_sliding_window") and raw.get("sliding_window"):
+            raise SpecbenchError(f"{source} uses sliding-window attention, which this DFlash loader does not support")
+        heads, layers = raw["num_attention_heads"], raw["num_hidden_layers"]
+        target_layers = raw.get("num_target_layers")
+        ids = extra.get("target_layer_ids") or (default_layer_ids(target_layers, layers) if target_layers else None)
+        if not ids:
+            raise SpecbenchError(f"{source} has neither dflash_config.target_layer_ids nor num_target_layers")
+        theta, scaling = _rope_of(_Attrs(raw))
+        return cls(hidden_size=raw["hidden_size"], num_attention_heads=heads,
+                   num_key_value_heads=raw.get("num_key_value_heads") or heads,
+                   head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
+                   intermediate_size=raw["intermediate_size"], num_hidden_layers=layers,
+                   rms_norm_eps=raw.get("rms_norm_eps", 1e-6), vocab_size=raw["vocab_size"],
+                   num_target_layers=target_layers or max(ids) + 1,
+                   block_size=int(raw.get("block_size") or extra.get("block_size") or 16),
+                   mask_token_id=int(extra["mask_token_id"]), target_layer_ids=[int(i) for i in ids],
+                   hidden_act=raw.get("hidden_act", "silu"), rope_theta=theta, rope_scaling=scaling,
+                   max_position_embeddings=raw.get("max_position_embeddings", 2048))
+
+
+class _Attrs:
+    """A dict seen as an HF config (for ``_rope_of``)."""
+
+    def __init__(self, raw: dict) -> None:
+        self.__dict__.update(raw)
+
+
+class Attention(nn.Module):
+    """Queries from the block; keys/values from [context; block] through the same projections."""
+
+    def __init__(self, cfg: DFlashConfig) -> None:
+        super().__init__()
+        d, h, kvh = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+        self.q_proj = nn.Linear(cfg.hidden_size, h * d, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, kvh * d, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, kvh * d, bias=False)
+        self.o_proj = nn.Linear(h * d, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.heads, self.kv_heads, self.head_dim = h, kvh, d
+
+    def keys_values(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> KV:
+        """Rotated, normed keys and values of rows x [B, N, H] -> [B, kv_heads, N, d]."""
+        b, n, _ = x.shape
+        k = self.k_norm(self.k_proj(x).view(b, n, self.kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        return _rotate(k, cos, sin), v
+
+    def forward(self, x: torch.Tensor, context: KV, cos: torch.Tensor, sin: torch.Tensor,
+                visible: torch.Tensor | None) -> torch.Tensor:
+        b, n, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(b, n, self.heads, self.head_dim)).transpose(1, 2)
+        k, v = self.keys_values(x, cos, sin)
+        groups = self.heads // self.kv_heads
+        keys = _repeat_kv(torch.cat([context[0], k], 2), groups)
+        values = _repeat_kv(torch.cat([context[1], v], 2), groups)
+        out = F.scaled_dot_product_attention(_rotate(q, cos, sin), keys, values, attn_mask=visible)
+        return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))
+
+
+class Layer(nn.Module):
+    def __init__(self, cfg: DFlashConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = SwiGLU(cfg)
+
+    def forward(self, x, context: KV, cos, sin, visible) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), context, cos, sin, visible)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashModel(nn.Module):
+    """fc + hidden_norm (context), ``n_d`` layers, final norm. The target's embedding and lm_head
+    are referenced, frozen, never registered (so neither trained nor saved)."""
+
+    def __init__(self, config: DFlashConfig, target: Target | None = None) -> None:
+        super().__init__()
+        self.config = config
+        h = config.hidden_size
+        self.fc = nn.Linear(len(config.target_layer_ids) * h, h, bias=False)
+        self.hidden_norm = RMSNorm(h, config.rms_norm_eps)
+        self.layers = nn.ModuleList(Layer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(h, config.rms_norm_eps)
+        if config.draft_vocab_size:  # target ids of the lm_head rows the drafter scores, ascending
+            self.register_buffer("vocab_ids", torch.arange(config.draft_vocab_size))
+        self.rotary = Rotary(config)
+        self._target: tuple[nn.Module, nn.Module] | tuple = ()
+        self._head_rows: torch.Tensor | None = None
+        if target is not None:
+            self.attach(target)
+
+    def attach(self, target: Target) -> None:
+        self._target = (target.model.get_input_embeddings(), target.model.get_output_embeddings())
+        self._head_rows = None
+
+    @classmethod
+    def from_target(cls, target: Target, layers: int = 3, block_size: int = 16, mask_token_id: int = 0,
+                    target_layer_ids: Sequence[int] | None = None,
+                    vocab_ids: torch.Tensor | None = None) -> "DFlashModel":
+        """A fresh drafter; ``vocab_ids`` (ascending target ids) restricts the lm_head to those rows."""
+        size = 0 if vocab_ids is None else int(vocab_ids.numel())
+        cfg = DFlashConfig.from_target(target, layers, block_size, mask_token_id, target_layer_ids, size)
+        _check(cfg, target, "new drafter")
+        model = cls(cfg, target)
+        if vocab_ids is not None:
+            model.vocab_ids.copy_(vocab_ids)
+        # Block rows start as frozen token embeddings; through a tied lm_head at full scale the MASK
+        # row's own direction scores ~100+ logits (SmolLM2). Starting the final norm at a tenth of
+        # the target's keeps initial logits near uniform; the norm is trained.
+        final_norm = getattr(getattr(target.model, "model", None), "norm", None)
+        with torch.no_grad():
+            if final_norm is not None and final_norm.weight.shape == model.norm.weight.shape:
+                model.norm.weight.copy_(0.1 * final_norm.weight.float())
+            else:
+                model.norm.weight.fill_(0.1)
+        return model.to(target.device)
+
+    # ---- building blocks ----------------------------------------------------------------
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
+    @property
+    def taps(self) -> tuple[int, ...]:
+        """HF ``hidden_states`` indices read: the output of layer l is ``hidden_states[l + 1]``."""
+        return tuple(i + 1 for i in self.config.target_layer_ids)
+
+    @property
+    def block_size(self) -> int:
+        return self.config.block_size
+
+    def features(self, taps: dict[int, torch.Tensor]) -> torch.Tensor:
+        return torch.cat([taps[i] for i in self.taps], -1)
+
+    def context(self, features: torch.Tensor) -> torch.Tensor:
+        return self.hidden_norm(self.fc(features.to(self.dtype)))
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        if not self._target:
+            raise RuntimeError("DFlashModel has no target embedding; call attach(target) first")
+        with torch.no_grad():
+            return self._target[0](ids).to(self.dtype)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Target lm_head (its draft-vocabulary rows) on the final norm -> [..., draft V]; the lm_head
+        stays frozen (gradients reach ``hidden`` only)."""
+        weight = self._head_rows
+        if weight is None or weight.dtype != hidden.dtype or weight.device != hidden.device:
+            weight = self._target[1].weight.detach()
+            if self.config.draft_vocab_size:
+                weight = weight[self.vocab_ids.to(weight.device)]
+            weight = self._head_rows = weight.to(hidden.dtype)
+        return F.linear(self.norm(hidden), weight)
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return self.vocab_ids[draft_ids] if self.config.draft_vocab_size else draft_ids
+
+    def to_draft_ids(self, target_ids: torch.Tensor) -> torch.Tensor:
+        """Draft index of each target id, -1 outside the draft vocabulary."""
+        if not self.config.draft_vocab_size:
+            return target_ids
+        device = target_ids.device
+        index = torch.full((self.config.vocab_size,), -1, dtype=torch.long, device=device)
+        index[self.vocab_ids.to(device)] = torch.arange(self.config.draft_vocab_size, device=device)
+        return index[target_ids]
+
+    def context_kv(self, context: torch.Tensor, positions: torch.Tensor) -> list[KV]:
+        """Per-layer keys/values of context rows [B, S, H] at ``positions`` [B, S]."""
+        cos, sin = self.rotary(positions, context.dtype)
+        return [layer.self_attn.keys_values(context, cos, sin) for layer in self.layers]
+
+    def forward(self, block_ids: torch.Tensor, block_positions: torch.Tensor, context: list[KV],
+                visible: torch.Tensor | None = None) -> torch.Tensor:
+        """Block hidden states [B, Q, H] (before the final norm).
+
+        block_ids, block_positions [B, Q]; context: per-layer KV of the context rows (S of them);
+        visible [B or 1, 1, Q, S + Q] bool, None = every row sees everything (one block)."""
+        x = self.embed(block_ids)
+        cos, sin = self.rotary(block_positions, x.dtype)
+        for layer, kv in zip(self.layers, context):
+            x = layer(x, kv, cos, sin, visible)
+        return x
+
+    # ---- training -----------------------------------------------------------------------
+    def training_loss(self, batch: TrainBatch, anchors: int = 64,
+                      gamma: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+        """Position-decayed block CE (METHODS.md §7.3) over random anchors; in eval mode a fixed
+        generator and up to MAX_ANCHORS anchors make held-out numbers comparable across evals.
+        Labels outside a reduced draft vocabulary are left out of the loss and count as misses.
+
+        Metrics: ``loss``, top-1 ``acc_k`` of slot k vs x_{a+k}, and ``chain_len`` = 1 + mean
+        number of leading correct slots (the teacher-forced τ of the argmax chain)."""
+        L = self.block_size
+        gen = None if self.training else torch.Generator().manual_seed(0)
+        starts, valid = sample_anchors(batch.loss_mask, batch.attention_mask, L,
+                                       anchors if self.training else MAX_ANCHORS, gen)
+        device = batch.input_ids.device
+        starts, valid = starts.to(device), valid.to(device)
+        hidden = self.block_hidden(batch.input_ids, batch.taps, starts)  # [B, nb, L, H]
+        labels = self.to_draft_ids(block_labels(batch.input_ids, starts, L))  # [B, nb, L-1], -1 = outside
+        weights = torch.exp(-torch.arange(L - 1, device=device) / (gamma or decay_gamma(L)))
+        rows = valid[..., None] & (labels >= 0)
+        logits = self.logits(hidden[:, :, 1:][rows]).float()  # [R, V], R = valid (anchor, slot) pairs
+        ce = F.cross_entropy(logits, labels[rows], reduction="none")
+        w = weights.expand_as(labels)[rows]
+        loss = (ce * w).sum() / w.sum().clamp(min=1e-6)
+        with torch.no_grad():
+            correct = torch.zeros_like(labels, dtype=torch.bool)
+            correct[rows] = logits.argmax(-1) == labels[rows]
+            metrics = {"loss": float(loss.detach())}
+            n = valid.sum().clamp(min=1)
+            for k in range(L - 1):
+                metrics[f"acc_{k + 1}"] = float((correct[..., k] & valid).sum() / n)
+            metrics["chain_len"] = float(1 + (correct.long().cumprod(-1).sum(-1) * valid).sum() / n)
+        return loss, metrics
+
+    def block_hidden(self, input_ids: torch.Tensor, taps: dict[int, torch.Tensor],
+                     starts: torch.Tensor) -> torch.Tensor:
+        """All blocks of a batch in one forward: block i of row b = [x_a, MASK...] at a..a+L-1,
+        a = starts[b, i]; it sees context positions < a and its own block only. -> [B, nb, L, H]."""
+        b, t = input_ids.shape
+        nb, L = starts.shape[1], self.block_size
+        device = input_ids.device
+        offsets = torch.arange(L, device=device)
+        positions = (starts[..., None] + offsets).reshape(b, nb * L)
+        ids = torch.full((b, nb, L), self.config.mask_token_id, dtype=torch.long, device=device)
+        ids[:, :, 0] = input_ids.gather(1, starts)
+        context = self.context(self.features(taps))
+        kv = self.context_kv(context, torch.arange(t, device=device).expand(b, t))
+        visible = training_mask(starts, t, L)[:, None]
+        return self(ids.reshape(b, nb * L), positions, kv, visible).view(b, nb, L, -1)
+
+    # ---- checkpoints --------------------------------------------------------------------
+    def save(self, folder: str | Path, target: Target, recipe: dict,
+             dtype: torch.dtype | None = torch.bfloat16) -> Path:
+        config = {"method": METHOD, "architecture": asdict(self.config), "target": target_fingerprint(target),
+                  "taps": list(self.taps), "recipe": recipe,
+                  # the published keys too, so other DFlash tooling can read the folder
+                  "block_size": self.block_size,
+                  "dflash_config": {"target_layer_ids": list(self.config.target_layer_ids),
+                                    "mask_token_id": self.config.mask_token_id}}
+        return save_drafter(folder, self.state_dict(), config, dtype)
+
+    @classmethod
+    def load(cls, folder: str | Path, target: Target) -> "DFlashModel":
+        """Our format or the published DFlash layout (told apart by config.json's "method")."""
+        raw = read_drafter_config(folder)
+        if "method" not in raw:
+            return _load_official(cls, Path(folder), raw, target)
+        if raw["method"] != METHOD:
+            raise SpecbenchError(f"{folder} holds a {raw['method']!r} drafter, not {METHOD}")
+        config, state = load_drafter(folder, target)
+        try:
+            arch = DFlashConfig(**config["architecture"])
+        except (KeyError, TypeError) as exc:
+            raise SpecbenchError(f"{folder}/{CONFIG} has an incomplete DFlash architecture ({exc})") from None
+        _check(arch, target, folder)
+        return _fill(cls(arch, target), state, folder)
+
+
+def _check(cfg: DFlashConfig, target: Target, folder) -> None:
+    if cfg.hidden_size != target.hidden_size:
+        raise SpecbenchError(f"DFlash drafter {folder} has hidden size {cfg.hidden_size} but target {target.name!r} "
+                             f"has {target.hidden_size}; use a drafter trained for this target")
+    if cfg.vocab_size != target.vocab_size or not 0 <= cfg.mask_token_id < target.vocab_size:
+        raise SpecbenchError(f"DFlash drafter {folder} expects vocabulary {cfg.vocab_size} (mask id "
+                             f"{cfg.mask_token_id}) but target {target.name!r} has {target.vocab_size}")
+    bad = [i for i in cfg.target_layer_ids if not 0 <= i < target.num_layers - 1]
+    if bad:
+        raise SpecbenchError(f"DFlash drafter {folder} taps target layers {bad}, outside 0..{target.num_layers - 2} "
+                             f"of target {target.name!r}")
+    if cfg.block_size < 2:
+        raise SpecbenchError(f"DFlash drafter {folder} has block size {cfg.block_size}; need >= 2")
+
+
+def _fill(model: DFlashModel, state: dict[str, torch.Tensor], folder) -> DFlashModel:
+    """Load in the checkpoint's own dtype (exact round trip); name missing/extra keys in one line."""
+    expected = set(model.state_dict())
+    missing, unmapped = sorted(expected - set(state)), sorted(set(state) - expected)
+    if unmapped:
+        raise SpecbenchError(f"DFlash checkpoint {folder} has keys this loader does not map: "
+                             f"{', '.join(unmapped[:5])}{' ...' if len(unmapped) > 5 else ''}")
+    if missing:
+        raise SpecbenchError(f"DFlash checkpoint {folder} lacks keys: {', '.join(missing[:5])}"
+                             f"{' ...' if len(missing) > 5 else ''}")
+    return load_state_exactly(model, state, folder, "DFlash checkpoint")
+
+
+def _load_official(cls, folder: Path, raw: dict, target: Target) -> DFlashModel:
+    cfg = DFlashConfig.from_official(raw, str(folder / CONFIG))
+    if cfg.num_target_layers != target.num_layers:
+        raise SpecbenchError(f"DFlash drafter {folder} was built for a {cfg.num_target_layers}-layer target but "
+                             f"{target.name!r} has {target.num_layers}; use the drafter published for this target")
+    _check(cfg, target, folder)
+    state = read_weights(folder, OFFICIAL_WEIGHTS, "DFlash")
+    state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}  # derived from config
+    return _fill(cls(cfg, target), state, folder)
+
+
+# ---- training helpers (pure) -----------------------------------------------------------------
+def sample_anchors(loss_mask: torch.Tensor, attention_mask: torch.Tensor, block: int, count: int,
+                   generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Up to ``count`` random anchors per row among assistant tokens a with a <= len - block (the
+    whole block has labels) and a >= 1 (some context); rows with < MIN_LOSS_TOKENS assistant tokens
+    get none. Returns (starts [B, n], valid [B, n]), sorted per row, padded with invalid a = 1."""
+    loss_mask, attention_mask = loss_mask.cpu(), attention_mask.cpu()
+    lengths = attention_mask.sum(1)
+    picked: list[torch.Tensor] = []
+    for row in range(loss_mask.shape[0]):
+        ok = loss_mask[row].bool() & attention_mask[row].bool()
+        candidates = ok.nonzero().flatten()
+        candidates = candidates[(candidates >= 1) & (candidates <= lengths[row] - block)]
+        if int(ok.sum()) < MIN_LOSS_TOKENS:
+            candidates = candidates[:0]
+        if candidates.numel() > count:
+            candidates = candidates[torch.randperm(candidates.numel(), generator=generator)[:count]].sort().values
+        picked.append(candidates)
+    width = max(1, max(p.numel() for p in picked))
+    starts = torch.ones(len(picked), width, dtype=torch.long)
+    valid = torch.zeros(len(picked), width, dtype=torch.bool)
+    for row, p in enumerate(picked):
+        starts[row, : p.numel()] = p
+        valid[row, : p.numel()] = True
+    return starts, valid
+
+
+def block_labels(input_ids: torch.Tensor, starts: torch.Tensor, block: int) -> torch.Tensor:
+    """x_{a+k} for k = 1..block-1 -> [B, nb, block-1] (indices clamped; invalid anchors are masked)."""
+    index = (starts[..., None] + torch.arange(1, block, device=starts.device)).clamp(max=input_ids.shape[1] - 1)
+    return input_ids.gather(1, index.flatten(1)).view(index.shape)
+
+
+def training_mask(starts: torch.Tensor, context_len: int, block: int) -> torch.Tensor:
+    """[B, nb*L, T + nb*L] bool: a row of block i sees context positions < a_i and block i's rows."""
+    b, nb = starts.shape
+    device = starts.device
+    row_start = starts.repeat_interleave(block, dim=1)  # [B, Q]
+    sees_context = torch.arange(context_len, device=device)[None, None] < row_start[..., None]
+    block_of = torch.arange(nb, device=device).repeat_interleave(block)
+    sees_block = (block_of[:, None] == block_of[None, :]).expand(b, -1, -1)
+    return torch.cat([sees_context, sees_block], -1)
+
+
+# ---- the drafter -----------------------------------------------------------------------------
+@dataclass
+class DFlashOptions:
+    path: str = ""  # drafter folder (ours or the published DFlash layout); empty = drafters/<target>/dflash
+
+
+class DFlashDrafter(Drafter):
+    """Vanilla DFlash: verify the argmax chain of one block (L-1 nodes)."""
+
+    name = METHOD
+    Options = DFlashOptions
+
+    def __init__(self, options=None, model: DFlashModel | None = None) -> None:
+        super().__init__(options)
+        self.model = model
+
+    def setup(self, target: Target) -> None:
+        super().setup(target)
+        if self.model is None:
+            self.model = DFlashModel.load(self._folder(target), target)
+        self.model.attach(target)
+        self.model.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
+        self.taps = self.model.taps
+
+    def _folder(self, target: Target) -> Path:
+        folder = Path(self.options.path or SHIPPED_DIR / target.name / METHOD).expanduser()
+        if not (folder / CONFIG).is_file():
+            raise SpecbenchError(f"{self.name} needs a DFlash drafter for target {target.name!r} ({folder} has no "
+                                 f"{CONFIG}); train one with `specbench train dflash` or pass --opt path=FOLDER")
+        return folder
+
+    def begin(self, state: DecodeState, prefill: TargetOutput) -> None:
+        self.cache: list[KV] | None = None  # per layer: context keys/values of committed positions
+        self.pending = self.model.features(prefill.taps)  # taps of committed positions not yet encoded
+
+    def observe(self, state: DecodeState, result: VerifyResult) -> None:
+        # Kept rows = [old bonus, accepted...]: exactly the committed positions the cache lacks.
+        self.pending = self.model.features(result.taps)
+
+    @torch.inference_mode()
+    def block_log_probs(self, state: DecodeState) -> torch.Tensor:
+        """One drafter forward -> log q_1..q_{L-1} [L-1, draft V] (float32, untempered)."""
+        m = self.model
+        start = 0 if self.cache is None else self.cache[0][0].shape[2]
+        bonus_pos = len(state.tokens) - 1
+        if start + self.pending.shape[0] != bonus_pos:
+            raise RuntimeError(f"dflash: context covers {start + self.pending.shape[0]} positions, "
+                               f"expected {bonus_pos}")
+        device = self.target.device
+        ids = torch.full((1, m.block_size), m.config.mask_token_id, dtype=torch.long, device=device)
+        ids[0, 0] = state.bonus
+        with state.timer.forward("drafter"):
+            new = m.context_kv(m.context(self.pending[None]), torch.arange(start, bonus_pos, device=device)[None])
+            self.cache = new if self.cache is None else [
+                (torch.cat([k, nk], 2), torch.cat([v, nv], 2)) for (k, v), (nk, nv) in zip(self.cache, new)]
+            hidden = m(ids, torch.arange(bonus_pos, bonus_pos + m.block_size, device=device)[None], self.cache)
+            logits = m.logits(hidden[0, 1:]).float()
+        self.pending = self.pending[:0]
+        return logits.log_softmax(-1)
+
+    def propose(self, state: DecodeState) -> DraftTree:
+        log_q = self.block_log_probs(state)
+        with state.timer.phase("tree_build"):
+            return DraftTree.chain(self.model.to_target_ids(log_q.argmax(-1)).cpu(), kind=SiblingKind.DETERMINISTIC)
+
+    def end(self, state: DecodeState) -> dict:
+        return {"block_size": self.model.block_size}
+
+
+def choose_mask_token(tokenizer, examples: Sequence[dict]) -> int:
+    """The tokenizer's mask token, else the highest-id added (special-looking) token that is not
+    BOS/EOS/PAD and never occurs in the training sequences: its frozen embedding is a fixed input
+    the drafter can learn to read as MASK. SmolLM2 has no mask token; this picks <empty_output> (16)."""
+    if getattr(tokenizer, "mask_token_id", None) is not None:
+        return int(tokenizer.mask_token_id)
+    used = set()
+    for e in examples:
+        used.update(e["prompt_ids"])
+        used.update(e["response_ids"])
+    special = set(getattr(tokenizer, "all_special_ids", []))
+    added = sorted(getattr(tokenizer, "added_tokens_decoder", {}) or {})
+    free = [i for i in added if i not in used and i not in special]
+    if not free:
+        raise SpecbenchError("no unused added token to serve as DFlash's MASK; pass --mask-token-id")
+    return int(free[-1])
+

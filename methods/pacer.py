@@ -1,0 +1,494 @@
+"""PACER: SpS whose chain length is set by a trained blockwise pre-verification layer.
+
+The SpS draft model M_D drafts in blocks of ``block`` tokens. After each block a one-layer
+transformer M_B of M_D's width — with its own KV cache over the whole context — reads, for every
+token, M_D's last hidden state that produced it, plus a learned draft-position embedding e_i for
+draft tokens (i = 1, 2, … within the step; committed tokens get none), and predicts each draft's
+acceptance α̂ = σ(w·h). Drafting stops when the block's mean α̂ ≤ t; t starts at t_0 every step and
+is multiplied by ρ after each block that passes (paper Alg. 1, METHODS.md §8). The failing block is
+still verified, so γ = blocks · b (≤ max_gamma). Verification is SpS's chain rule: lossless, because
+the stop decision reads only draft-side quantities.
+
+Training (paper §3.3, App. D): replay greedy speculative decoding of M_D against target-regenerated
+responses, draft a long window from every step's prefix, label drafts 1 up to the first mismatch and
+0 after, pack all steps of one response into one sequence whose mask lets draft m of step i see the
+prefix before step i and drafts 1..m of its own step (Fig. 5), binary cross-entropy.
+
+Row convention shared by training and inference: the M_B row of the token at position p is M_D's
+final hidden state at position p − 1 (the state whose logits produced that token), at RoPE position
+p. Position 0 (no producing state) has no row.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from methods.sps import SpSDrafter
+from specbench import kvcache
+from specbench.drafter import DecodeState
+from specbench.errors import SpecbenchError
+from specbench.target import Target, resolve_dtype
+from specbench.training.checkpoint import check_target, load_drafter, save_drafter, target_fingerprint
+
+METHOD = "pacer"
+DRAFTERS = Path(__file__).resolve().parent.parent / "drafters"
+
+
+# ---- the pre-verification layer ---------------------------------------------------------------
+class PreVerifier(torch.nn.Module):
+    """One decoder layer of the draft model's architecture and width, a final norm, a learned
+    draft-position embedding (row 0 = committed token, fixed at zero) and a scalar acceptance head."""
+
+    def __init__(self, draft_config, window: int, use_pos: bool = True) -> None:
+        super().__init__()
+        from transformers import AutoModel
+
+        cfg = copy.deepcopy(draft_config)
+        cfg.num_hidden_layers = 1
+        cfg.vocab_size = 1  # inputs are hidden states; the token embedding is never read
+        cfg.pad_token_id = None
+        if getattr(cfg, "layer_types", None):
+            cfg.layer_types = cfg.layer_types[-1:]
+        self.body = AutoModel.from_config(cfg)
+        self.window, self.use_pos = window, use_pos
+        self.pos = torch.nn.Embedding(window + 1, cfg.hidden_size, padding_idx=0) if use_pos else None
+        if self.pos is not None:
+            torch.nn.init.normal_(self.pos.weight, std=0.02)
+            with torch.no_grad():
+                self.pos.weight[0].zero_()
+        self.head = torch.nn.Linear(cfg.hidden_size, 1)
+        self.hidden_size = cfg.hidden_size
+
+    def init_from_draft(self, draft_model) -> None:
+        """Start from the draft model's last decoder layer and final norm (a pretrained layer of the
+        right width learns faster on 200 examples than a random one)."""
+        self.body.layers[0].load_state_dict(draft_model.model.layers[-1].state_dict())
+        self.body.norm.load_state_dict(draft_model.model.norm.state_dict())
+
+    def forward(self, hidden: torch.Tensor, draft_pos: torch.Tensor, position_ids: torch.Tensor,
+                attention_mask: torch.Tensor | None = None, cache=None) -> torch.Tensor:
+        """Acceptance logits [B, T] for rows ``hidden`` [B, T, H] (draft_pos 0 = committed)."""
+        x = hidden.to(self.head.weight.dtype)
+        if self.pos is not None:
+            x = x + self.pos(draft_pos.clamp(max=self.window))
+        out = self.body(inputs_embeds=x, position_ids=position_ids, attention_mask=attention_mask,
+                        past_key_values=cache, use_cache=cache is not None)
+        return self.head(out.last_hidden_state).squeeze(-1)
+
+    def trainable_parameters(self) -> int:
+        """Parameters that are used (the 1-row token embedding never is)."""
+        return sum(p.numel() for n, p in self.named_parameters() if not n.startswith("body.embed_tokens"))
+
+
+def save_preverifier(folder, model: PreVerifier, target: Target, draft: str, recipe: dict) -> None:
+    config = {"method": METHOD, "target": target_fingerprint(target), "recipe": recipe,
+              "architecture": {"window": model.window, "use_pos": model.use_pos, "hidden_size": model.hidden_size,
+                               "parameters": model.trainable_parameters()},
+              "draft": draft or "shipped SpS draft for the target",
+              "note": "PACER blockwise pre-verification layer over the SpS draft model's last hidden states"}
+    state = {k: v for k, v in model.state_dict().items() if not k.startswith("body.embed_tokens")}
+    save_drafter(folder, state, config, dtype=torch.float32)
+
+
+def load_preverifier(folder, target: Target, draft_model, dtype: torch.dtype) -> PreVerifier:
+    config, state = load_drafter(folder, target)
+    if config.get("method") != METHOD:
+        raise SpecbenchError(f"{folder} holds a {config.get('method')!r} drafter, not a PACER pre-verification layer")
+    check_target(config, target, folder)
+    arch = config["architecture"]
+    if arch["hidden_size"] != draft_model.config.hidden_size:
+        raise SpecbenchError(f"pre-verification layer {folder} reads hidden size {arch['hidden_size']} but the draft "
+                             f"model has {draft_model.config.hidden_size}; train one for this draft with "
+                             "`specbench train pacer --draft ...`")
+    model = PreVerifier(draft_model.config, arch["window"], arch["use_pos"])
+    missing = {k for k in model.state_dict() if not k.startswith("body.embed_tokens")} - set(state)
+    if missing:
+        raise SpecbenchError(f"pre-verification checkpoint {folder} lacks {sorted(missing)[:3]}; it is incomplete")
+    model.load_state_dict(state, strict=False)
+    return model.to(dtype=dtype, device=next(draft_model.parameters()).device).eval()
+
+
+# ---- training data: replayed speculative decoding, packed per response -------------------------
+def replay_steps(greedy_next: list[int], tokens: list[int], start: int) -> list[tuple[int, int]]:
+    """Greedy SD against the fixed sequence ``tokens``: ``greedy_next[j]`` is the draft's argmax after
+    tokens[:j+1]. While drafts match they equal the teacher-forced argmaxes, so each step's accepted
+    length follows from one forward. Returns (first draft position c, accepted a) per step; the
+    target's bonus token is tokens[c + a]."""
+    steps, c, n = [], start, len(tokens)
+    while c < n:
+        a = 0
+        while c + a < n and greedy_next[c + a - 1] == tokens[c + a]:
+            a += 1
+        steps.append((c, a))
+        c += a + 1
+    return steps
+
+
+def step_labels(accepted: int, drafted: int) -> list[int]:
+    """1 for drafts 1..a (all equal the target so far), 0 from the first mismatch on."""
+    return [1] * min(accepted, drafted) + [0] * max(drafted - accepted, 0)
+
+
+def packed_visibility(prefix_rows: int, steps: list[tuple[int, int]]) -> torch.Tensor:
+    """Bool [T, T] mask of one packed response (Fig. 5). Rows 0..prefix_rows-1 are the committed
+    tokens at positions 1..prefix_rows (causal). Then each step (c, m) adds m draft rows; draft j of
+    that step sees the prefix rows of positions 1..c-1 and drafts 1..j of its own step."""
+    total = prefix_rows + sum(m for _, m in steps)
+    mask = torch.zeros(total, total, dtype=torch.bool)
+    mask[:prefix_rows, :prefix_rows] = torch.ones(prefix_rows, prefix_rows, dtype=torch.bool).tril()
+    row = prefix_rows
+    for c, m in steps:
+        mask[row: row + m, : c - 1] = True
+        mask[row: row + m, row: row + m] = torch.ones(m, m, dtype=torch.bool).tril()
+        row += m
+    return mask
+
+
+@torch.no_grad()
+def _free_drafts(model, cache, n_cached: int, roots: list[tuple[int, int]], length: int, vocab: int) -> torch.Tensor:
+    """Greedy drafting from K branch roots at once over one shared teacher-forced cache. Root k is
+    (position p, token y): token y at p after the cached tokens [0, p). Feeds ``length`` tokens per
+    branch and returns the states after each feed, [K, length, H]."""
+    k = len(roots)
+    device = next(model.parameters()).device
+    dtype = next(model.parameters()).dtype
+    positions = torch.tensor([p for p, _ in roots], device=device)
+    tokens = torch.tensor([y for _, y in roots], device=device)
+    prefix = torch.arange(n_cached, device=device).unsqueeze(0) < positions.unsqueeze(1)  # [K, n_cached]
+    own = torch.eye(k, dtype=torch.bool, device=device)
+    states = []
+    for d in range(length):
+        visible = torch.cat([prefix] + [own] * (d + 1), dim=1)
+        mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, torch.finfo(dtype).min)
+        out = model(input_ids=tokens.unsqueeze(0), position_ids=(positions + d).unsqueeze(0),
+                    attention_mask=mask[None, None], past_key_values=cache, use_cache=True, output_hidden_states=True)
+        states.append(out.hidden_states[-1][0])
+        tokens = out.logits[0, :, :vocab].argmax(-1)
+    return torch.stack(states, 1)
+
+
+@torch.no_grad()
+def pack_example(draft_model, example: dict, window: int, vocab: int,
+                 store_dtype: torch.dtype = torch.bfloat16) -> dict | None:
+    """One packed training sequence for a regenerated response (None if it has no draft step).
+
+    Keys: hidden [T, H] (``store_dtype``: bf16 halves the in-memory dataset), draft_pos [T], position_ids [T], labels [T] (-1 = no loss),
+    steps [(c, m)], prefix_rows, accepted (per step)."""
+    from transformers import DynamicCache
+
+    tokens = example["prompt_ids"] + example["response_ids"]
+    start = len(example["prompt_ids"]) + 1  # the prefill's bonus token comes from the target itself
+    if start >= len(tokens):
+        return None
+    device = next(draft_model.parameters()).device
+    cache = DynamicCache()
+    out = draft_model(input_ids=torch.tensor([tokens], device=device), use_cache=True, past_key_values=cache,
+                      output_hidden_states=True)
+    forced = out.hidden_states[-1][0]  # [N, H]: state at j produced the draft for position j + 1
+    greedy = out.logits[0, :, :vocab].argmax(-1).tolist()
+    steps = replay_steps(greedy, tokens, start)
+    drafted = [min(window, len(tokens) - c) for c, _ in steps]
+    # Drafts after the first mismatch leave the teacher-forced path: draft them for real.
+    branches = [(i, c + a, greedy[c + a - 1]) for i, ((c, a), m) in enumerate(zip(steps, drafted)) if m > a + 1]
+    free = {}
+    if branches:
+        length = max(drafted[i] - steps[i][1] - 1 for i, _, _ in branches)
+        states = _free_drafts(draft_model, cache, len(tokens), [(p, y) for _, p, y in branches], length, vocab)
+        free = {i: states[j] for j, (i, _, _) in enumerate(branches)}
+    prefix_rows = len(tokens) - 1
+    hidden, draft_pos, pos, labels = [forced[:-1]], [0] * prefix_rows, list(range(1, len(tokens))), [-1] * prefix_rows
+    for i, ((c, a), m) in enumerate(zip(steps, drafted)):
+        on_path = min(m, a + 1)  # drafts 1..a+1 were produced by teacher-forced states
+        rows = [forced[c - 1: c - 1 + on_path]]
+        if m > on_path:
+            rows.append(free[i][: m - on_path])
+        hidden.append(torch.cat(rows))
+        draft_pos += list(range(1, m + 1))
+        pos += list(range(c, c + m))
+        labels += step_labels(a, m)
+    return {"hidden": torch.cat(hidden).to(store_dtype).cpu(), "draft_pos": torch.tensor(draft_pos),
+            "position_ids": torch.tensor(pos), "labels": torch.tensor(labels, dtype=torch.float32),
+            "steps": [(c, m) for (c, _), m in zip(steps, drafted)], "prefix_rows": prefix_rows,
+            "accepted": [a for _, a in steps], "id": example.get("id", "")}
+
+
+@dataclass
+class PacerBatch:
+    hidden: torch.Tensor  # [B, T, H]
+    draft_pos: torch.Tensor  # [B, T]
+    position_ids: torch.Tensor  # [B, T]
+    mask: torch.Tensor  # [B, 1, T, T] bool, True = visible
+    labels: torch.Tensor  # [B, T], -1 = no loss (committed rows, padding)
+
+
+def collate(packed: list[dict]) -> PacerBatch:
+    """Right-pad packed sequences; padding rows see only themselves (no NaN rows) and carry no loss."""
+    width = max(p["hidden"].shape[0] for p in packed)
+    b, h = len(packed), packed[0]["hidden"].shape[1]
+    hidden = torch.zeros(b, width, h)
+    draft_pos = torch.zeros(b, width, dtype=torch.long)
+    pos = torch.zeros(b, width, dtype=torch.long)
+    labels = torch.full((b, width), -1.0)
+    mask = torch.eye(width, dtype=torch.bool).repeat(b, 1, 1)
+    for i, p in enumerate(packed):
+        t = p["hidden"].shape[0]
+        hidden[i, :t] = p["hidden"].float()
+        draft_pos[i, :t], pos[i, :t], labels[i, :t] = p["draft_pos"], p["position_ids"], p["labels"]
+        mask[i, :t, :t] = packed_visibility(p["prefix_rows"], p["steps"])
+    return PacerBatch(hidden, draft_pos, pos, mask.unsqueeze(1), labels)
+
+
+def binary_auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
+    """Probability that a random positive outscores a random negative (ties count half)."""
+    pos, neg = scores[labels > 0.5], scores[labels < 0.5]
+    if pos.numel() == 0 or neg.numel() == 0:
+        return float("nan")
+    greater = (pos.unsqueeze(1) > neg.unsqueeze(0)).float().mean()
+    ties = (pos.unsqueeze(1) == neg.unsqueeze(0)).float().mean()
+    return float(greater + 0.5 * ties)
+
+
+def pacer_loss(model: PreVerifier, batch: PacerBatch) -> tuple[torch.Tensor, dict[str, float]]:
+    """Binary cross-entropy of the acceptance logits on draft rows."""
+    mask = torch.zeros(batch.mask.shape, dtype=torch.float32).masked_fill_(~batch.mask, torch.finfo(torch.float32).min)
+    logits = model(batch.hidden, batch.draft_pos, batch.position_ids, attention_mask=mask)
+    keep = batch.labels >= 0
+    z, y = logits[keep].float(), batch.labels[keep]
+    loss = F.binary_cross_entropy_with_logits(z, y)
+    with torch.no_grad():
+        first = keep & (batch.draft_pos == 1)
+        metrics = {"bce": float(loss), "accuracy": float(((z > 0).float() == y).float().mean()),
+                   "positive_rate": float(y.mean()), "mean_prob": float(torch.sigmoid(z).mean()),
+                   "auc": binary_auc(z, y), "auc_draft1": binary_auc(logits[first].float(), batch.labels[first])}
+    return loss, metrics
+
+
+def write_card(folder: Path, evaluation: dict, stats: dict) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    recipe, arch = config["recipe"], config["architecture"]
+    extra = recipe.get("extra", {})
+    lines = [f"# PACER pre-verification layer for {config['target']['name']}", "", config["note"], "",
+             "| | |", "|---|---|",
+             f"| draft model | {config['draft']} |",
+             f"| architecture | 1 decoder layer (init from the draft's last layer) + final norm + "
+             f"{'draft-position embedding (window ' + str(arch['window']) + ')' if arch['use_pos'] else 'NO position embedding'}"
+             f" + scalar head; {arch['parameters']:,} parameters |",
+             f"| data | {extra.get('train_examples')} target-regenerated ShareGPT responses (the paper uses CodeAlpaca, "
+             f"which is not in the offline store), {extra.get('eval_examples')} held out; replayed greedy SD, window "
+             f"{arch['window']}: {stats.get('train_steps')} draft steps, {stats.get('train_rows')} labelled drafts, "
+             f"{100 * stats.get('train_positive_rate', 0):.1f}% accepted |",
+             f"| recipe | AdamW {recipe.get('betas')} lr {recipe.get('lr')}, cosine, warmup {recipe.get('warmup_ratio')}, "
+             f"batch {recipe.get('batch_size')} responses, {recipe.get('epochs')} epochs, binary CE |",
+             f"| steps / wall time | {evaluation.get('steps')} / {evaluation.get('wall_time_s')} s on CPU "
+             f"(+ {stats.get('replay_s')} s replaying SD) |",
+             f"| held-out | BCE {evaluation.get('bce', float('nan')):.4f}, accuracy {evaluation.get('accuracy', float('nan')):.4f} "
+             f"(positive rate {evaluation.get('positive_rate', float('nan')):.4f}), AUC {evaluation.get('auc', float('nan')):.3f}, "
+             f"AUC on draft 1 {evaluation.get('auc_draft1', float('nan')):.3f} |",
+             "", "Generated by `specbench train pacer`; numbers are from the held-out split at the end of training."]
+    (folder / "README.md").write_text("\n".join(lines) + "\n")
+
+
+# ---- inference -----------------------------------------------------------------------------------
+def keep_drafting(alphas: list[float], threshold: float) -> bool:
+    """The paper's halting rule: continue only while the block's mean predicted acceptance > t."""
+    return sum(alphas) / len(alphas) > threshold
+
+
+@dataclass
+class PacerOptions:
+    draft: str = ""  # the SpS draft model (empty = the shipped one for the target)
+    pacer: str = ""  # pre-verification layer folder (empty = drafters/<target>/pacer)
+    block: int = 4  # b: drafts per pre-verification
+    threshold: float = 0.7  # t_0: stop when a block's mean predicted acceptance <= t
+    rho: float = 1.05  # growth of t per passed block (1.0 = no growth)
+    max_gamma: int = 48  # length cap per step
+    dtype: str = ""  # draft and pre-verifier dtype; empty = the target's
+
+
+class PacerDrafter(SpSDrafter):
+    name = "pacer"
+    Options = PacerOptions
+    shipped = "pacer"  # folder under drafters/<target>/
+
+    def __init__(self, options: PacerOptions | None = None, model=None, tokenizer=None, preverifier=None) -> None:
+        super().__init__(options, model, tokenizer)
+        o = self.options
+        if o.block < 1 or o.max_gamma < 1:
+            raise SpecbenchError(f"{self.name}: block and max_gamma must be >= 1, got block={o.block}, max_gamma={o.max_gamma}")
+        if o.rho < 1.0 or not 0.0 <= o.threshold <= 1.0:
+            raise SpecbenchError(f"{self.name}: need 0 <= threshold <= 1 and rho >= 1, got threshold={o.threshold}, rho={o.rho}")
+        self.mb = preverifier
+
+    def setup(self, target: Target) -> None:
+        super().setup(target)
+        if self.mb is None:
+            folder = Path(self.options.pacer) if self.options.pacer else DRAFTERS / Path(target.name).name / self.shipped
+            if not (folder / "config.json").is_file():
+                raise SpecbenchError(f"{self.name}: no pre-verification layer at {folder}; train one with "
+                                     f"`specbench train pacer --out DIR` and pass --opt pacer=DIR/drafter")
+            dtype = resolve_dtype(self.options.dtype or target.dtype)
+            self.mb = load_preverifier(folder, target, self.model, dtype)
+        self.mb.eval()
+
+    def begin(self, state: DecodeState, prefill) -> None:
+        from transformers import DynamicCache
+
+        super().begin(state, prefill)
+        self.hidden = torch.empty(0, self.mb.hidden_size, device=self.device)  # M_D final state per fed position
+        self.mb_cache = DynamicCache()
+        self.mb_rows = 0  # committed tokens (positions 1..mb_rows) whose rows are in mb_cache
+        self.lengths: list[int] = []
+        self.step_alphas: list[list[float]] = []  # predicted acceptance of every draft, per step
+        self.cap_hits = 0
+
+    def _run(self, ids: list[int], start: int, state: DecodeState):
+        x = torch.tensor([ids], device=self.device)
+        pos = torch.arange(start, start + len(ids), device=self.device).unsqueeze(0)
+        with torch.inference_mode(), state.timer.forward("drafter"):
+            out = self.model(input_ids=x, position_ids=pos, past_key_values=self.cache, use_cache=True,
+                             output_hidden_states=True)
+        self.hidden = torch.cat([self.hidden[:start], out.hidden_states[-1][0].to(self.hidden.dtype)])
+        return out
+
+    def propose(self, state: DecodeState):
+        self.n = len(state.tokens)  # first draft sits at position n
+        self.t = self.options.threshold  # reset every step (the paper's pseudo-code never does)
+        self.step_alphas.append([])
+        kvcache.truncate(self.mb_cache, self.mb_rows)
+        tree = super().propose(state)
+        self.lengths.append(len(tree))
+        return tree
+
+    def _stop(self, drafts: list[int], logits: torch.Tensor, state: DecodeState) -> bool:
+        if len(drafts) >= self.options.max_gamma:
+            self.cap_hits += 1
+            return True
+        if len(drafts) % self.options.block:
+            return False
+        alphas = self._preverify(len(drafts) - self.options.block + 1, len(drafts), state)
+        self.step_alphas[-1].extend(alphas)
+        if not keep_drafting(alphas, self.t):
+            return True
+        self.t *= self.options.rho
+        return False
+
+    def _preverify(self, first: int, last: int, state: DecodeState) -> list[float]:
+        """One M_B forward over the committed rows it has not seen and drafts first..last."""
+        n, done = self.n, self.mb_rows
+        # committed token p (done < p < n) reads state p - 1; draft i reads state n + i - 2
+        rows = torch.cat([self.hidden[done: n - 1], self.hidden[n + first - 2: n + last - 1]]).unsqueeze(0)
+        draft_pos = torch.tensor([[0] * (n - 1 - done) + list(range(first, last + 1))], device=self.device)
+        pos = torch.cat([torch.arange(done + 1, n), torch.arange(n + first - 1, n + last)]).to(self.device).unsqueeze(0)
+        with torch.inference_mode(), state.timer.forward("preverify"):
+            alpha = torch.sigmoid(self.mb(rows, draft_pos, pos, cache=self.mb_cache).float())[0, -(last - first + 1):]
+        self.mb_rows = n - 1
+        return alpha.tolist()
+
+    def end(self, state: DecodeState) -> dict:
+        steps = max(len(self.lengths), 1)
+        scored = [a for step in self.step_alphas for a in step]
+        return {"mean_gamma": sum(self.lengths) / steps, "gamma_hist": _histogram(self.lengths),
+                "preverify_calls": sum(len(a) for a in self.step_alphas) // self.options.block,
+                "mean_alpha": sum(scored) / max(len(scored), 1),
+                "cap_hits": self.cap_hits, "block": self.options.block, "threshold": self.options.threshold,
+                "rho": self.options.rho}
+
+
+def _histogram(values: list[int]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for v in sorted(values):
+        counts[str(v)] = counts.get(str(v), 0) + 1
+    return counts
+
+
+class PacerNoPosDrafter(PacerDrafter):
+    """Ablation (paper Table 5): a layer trained and run without the draft-position embedding."""
+
+    name = "pacer-no-pos"
+    shipped = "pacer-no-pos"
+
+
+@dataclass
+class PacerNoGrowthOptions(PacerOptions):
+    rho: float = 1.0
+
+
+class PacerNoGrowthDrafter(PacerDrafter):
+    """Ablation (paper Table 5): constant threshold (ρ = 1)."""
+
+    name = "pacer-no-growth"
+    Options = PacerNoGrowthOptions
+
+
+# ---- training entry point (``specbench train pacer``) --------------------------------------------
+def replay_dataset(target: Target, examples: list[dict], data_file: Path, draft: str, window: int):
+    """Packed sequences for every example, cached on disk by data file, draft and window (replaying
+    SD is the slow part and is shared by the with/without position-embedding runs)."""
+    import hashlib
+    import time
+
+    from rich.progress import track
+
+    from methods.sps import SpSDrafter, SpSOptions
+    from specbench.target import cache_dir
+
+    sps = SpSDrafter(SpSOptions(draft=draft, dtype="bfloat16"))  # the draft as benchmarks run it
+    sps.setup(target)
+    tag = hashlib.sha256(f"{data_file}|{draft}|{window}|{len(examples)}".encode()).hexdigest()[:12]
+    path = cache_dir() / "pacer" / f"{data_file.stem}-{tag}.pt"
+    if path.exists():
+        return torch.load(path, weights_only=False), sps.model
+    start = time.time()
+    packed = []
+    for e in track(examples, description="replaying SD"):
+        item = pack_example(sps.model, e, window, target.vocab_size)
+        if item is not None:
+            packed.append(item)
+    packed[0]["replay_s"] = round(time.time() - start, 1)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(packed, path)
+    return packed, sps.model
+
+
+def train_preverifier(target: Target, examples: list[dict], data_file: Path, draft: str, window: int,
+                      use_pos: bool, recipe, out: Path, held_out: float) -> dict:
+    import random
+
+    from specbench.training.trainer import Trainer
+
+    packed, draft_model = replay_dataset(target, examples, data_file, draft, window)
+    replay_s = packed[0].get("replay_s")
+    random.Random(recipe.seed).shuffle(packed)
+    n_eval = max(1, int(len(packed) * held_out))
+    evals, trains = packed[:n_eval], packed[n_eval:]
+    labels = torch.cat([p["labels"][p["labels"] >= 0] for p in trains])
+    stats = {"train_steps": sum(len(p["steps"]) for p in trains), "train_rows": int(labels.numel()),
+             "train_positive_rate": float(labels.mean()), "replay_s": replay_s}
+    recipe.extra.update({"data": str(data_file), "train_examples": len(trains), "eval_examples": len(evals), **stats})
+    model = PreVerifier(draft_model.config, window, use_pos).float()
+    model.init_from_draft(draft_model)
+    model.body.embed_tokens.weight.requires_grad_(False)
+    recipe.extra["parameters"] = model.trainable_parameters()
+    bs = recipe.batch_size
+
+    def batches(items, shuffle_seed=None):
+        order = sorted(range(len(items)), key=lambda i: items[i]["hidden"].shape[0])  # similar lengths together
+        chunks = [order[i: i + bs] for i in range(0, len(order), bs)]
+        if shuffle_seed is not None:
+            random.Random(shuffle_seed).shuffle(chunks)
+        for chunk in chunks:
+            yield collate([items[i] for i in chunk])
+
+    trainer = Trainer(model, lambda b: pacer_loss(model, b), recipe, out,
+                      save=lambda folder: save_preverifier(folder, model, target, draft, recipe.__dict__))
+    final = trainer.fit(lambda epoch: batches(trains, epoch), (len(trains) + bs - 1) // bs, lambda: batches(evals))
+    folder = Path(out) / "drafter"
+    (folder / "eval.json").write_text(json.dumps(final, indent=2) + "\n")
+    write_card(folder, final, stats)
+    return final
