@@ -11,7 +11,8 @@ Cross-block training: for a random subset of indices (``cross_fraction``) a seco
 at a uniformly drawn cut s in 1..K, conditioned on block 1's pre-norm h^L at slot s-1 (not
 detached) with token x_{j+1+s}; it attends to block-1 keys of earlier positions and to block-1
 slots 0..s-1 of its own position, exactly what a block-2 start sees at inference. Its mask
-restarts (as the reference does). The rank loss and block 2 switch on at ``rank_start`` steps.
+restarts (as the reference does). The rank loss switches on at ``rank_start`` steps; block 2 trains
+from ``cross_block_start`` (paper: from the start; the reference ties it to the rank start).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from specbench.training.batch import TrainBatch
 @dataclass
 class LossSettings:
     valid_prefix: bool = True  # False: supervise every slot whatever came before (ablation)
-    rank_start: int = 0  # training steps before the rank loss and block 2 switch on (paper: 2,000)
+    rank_start: int = 0  # training steps before the rank loss switches on (paper: 2,000)
+    cross_block_start: int = 0  # steps before block 2 trains: paper 0 ("used throughout"); reference = rank_start
     cross_fraction: float = 0.25  # share of indices that also train a block-2 continuation
     decay: float = 1.0  # slot weight decay^k (paper: 1; reference README: 0.8)
     # "slot": eq. 6 exactly, L_k / N_k. "block": every slot's sum over N_0 (the block's real positions).
@@ -79,6 +81,7 @@ class SpecBlockLoss:
     def __call__(self, batch: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
         training = torch.is_grad_enabled()
         full_objective = not training or self.step >= self.settings.rank_start
+        cross_block = not training or self.step >= self.settings.cross_block_start
         if training:
             self.step += 1
         m, k = self.model, self.model.K
@@ -100,13 +103,14 @@ class SpecBlockLoss:
                                          metrics, "")
         if full_objective:
             total = total + ranks
-            if self.settings.cross_fraction > 0:
-                t2, r2 = self._block2(batch, out1, restricted, wanted, in_vocab, metrics)
-                total = total + t2 + r2
+        if cross_block and self.settings.cross_fraction > 0:
+            t2, r2 = self._block2(batch, out1, restricted, wanted, in_vocab, metrics, full_objective)
+            total = total + t2 + r2
         metrics["loss"] = float(total.detach())
         return total, metrics
 
-    def _block2(self, batch, out1: BlockOutput, restricted, wanted, in_vocab, metrics) -> tuple[torch.Tensor, torch.Tensor]:
+    def _block2(self, batch, out1: BlockOutput, restricted, wanted, in_vocab, metrics,
+                with_rank: bool) -> tuple[torch.Tensor, torch.Tensor]:
         m, k = self.model, self.model.K
         b, t = batch.input_ids.shape
         device = batch.input_ids.device
@@ -123,7 +127,7 @@ class SpecBlockLoss:
         out2 = m(condition, tokens, positions, visible, past=out1.kv)
         index = (anchors + cuts)[..., None] + slots  # target-logit index j+s+k for slot k
         ok = (anchors + cuts < t)[..., None]  # the start token exists
-        return self._block_terms(out2, restricted, wanted, in_vocab, index, True, metrics, "b2_", ok)
+        return self._block_terms(out2, restricted, wanted, in_vocab, index, with_rank, metrics, "b2_", ok)
 
     def _block_terms(self, out: BlockOutput, restricted, wanted, in_vocab, index: torch.Tensor, with_rank: bool,
                      metrics: dict, prefix: str, extra_ok: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -205,13 +205,14 @@ def test_training_matches_inference_blocks(target):
 
 def test_training_learns_and_reports_bucket_counts(target):
     model = fresh(target).train()
-    loss = SpecBlockLoss(model, LossSettings(rank_start=5, cross_fraction=0.5))
+    loss = SpecBlockLoss(model, LossSettings(rank_start=5, cross_block_start=3, cross_fraction=0.5))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     batch = make_batch(target, seed=1)
     first = None
     for step in range(30):
         value, metrics = loss(batch)
-        assert ("rank_loss" in metrics) == (step >= 5) and ("b2_acc_1" in metrics) == (step >= 5)
+        assert ("rank_loss" in metrics) == (step >= 5) and ("b2_acc_1" in metrics) == (step >= 3)
+        assert ("b2_rank_loss" in metrics) == (step >= 5)
         opt.zero_grad()
         value.backward()
         opt.step()

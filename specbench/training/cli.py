@@ -313,8 +313,10 @@ def specblock(
     draft_vocab: int = typer.Option(4096, help="Reduced draft vocabulary (most frequent response tokens)."),
     block_size: int = typer.Option(4, help="K: dependent slots per drafter forward."),
     layers: int = typer.Option(2, help="Drafter decoder layers (the target's layer shapes)."),
-    rank_start: Optional[int] = typer.Option(None, help="Steps before the rank loss and block-2 training start "
+    rank_start: Optional[int] = typer.Option(None, help="Steps before the rank loss starts "
                                                         "(paper 2,000 of ~20 epochs; default: 25% of the steps)."),
+    cross_block_start: int = typer.Option(0, help="Steps before block-2 training starts (paper 0; reference: "
+                                                  "the rank start)."),
     cross_fraction: float = typer.Option(0.25, help="Share of positions that also train a block-2 continuation."),
     decay: float = typer.Option(1.0, help="Slot loss weight decay^k (paper 1.0)."),
     normalise: str = typer.Option("block", help="slot: eq. 6's 1/N_k per slot (needs large batches); block: 1/N_0."),
@@ -356,10 +358,11 @@ def specblock(
     if normalise not in ("slot", "block"):
         raise SpecbenchError(f"--normalise must be 'slot' or 'block' (got {normalise!r})")
     settings = LossSettings(valid_prefix=valid, rank_start=start, cross_fraction=cross_fraction, decay=decay,
-                            normalise=normalise)
+                            normalise=normalise, cross_block_start=cross_block_start)
     recipe = _recipe(lr, epochs, batch_size, max_length, variant=variant, draft_vocab=draft_vocab,
                      vocab_coverage=coverage, block_size=block_size, layers=layers, rank_start=start,
-                     cross_fraction=cross_fraction, decay=decay, valid_prefix=valid, normalise=normalise)
+                     cross_fraction=cross_fraction, decay=decay, valid_prefix=valid, normalise=normalise,
+                     cross_block_start=cross_block_start)
     recipe.dtype = dtype
     recipe.warmup_ratio = 0.015  # paper: 1.5% warmup
     _fit(t, examples, model, SpecBlockLoss(model, settings), list(model.taps),
