@@ -76,21 +76,7 @@ class Eagle3Config:
     @classmethod
     def from_official(cls, raw: dict, source: str) -> "Eagle3Config":
         """From an official EAGLE-3 ``config.json`` (Llama-style keys)."""
-        required = ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
-        missing = [k for k in required if k not in raw]
-        if missing:
-            raise SpecbenchError(f"{source} lacks {', '.join(missing)}; it is not an EAGLE-3 config")
-        heads = raw["num_attention_heads"]
-        scaling = raw.get("rope_scaling")
-        if scaling and scaling.get("rope_type", scaling.get("type")) == "default":
-            scaling = None
-        return cls(hidden_size=raw["hidden_size"], num_attention_heads=heads,
-                   num_key_value_heads=raw.get("num_key_value_heads") or heads,
-                   head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
-                   intermediate_size=raw["intermediate_size"], rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
-                   vocab_size=raw["vocab_size"], draft_vocab_size=raw.get("draft_vocab_size") or raw["vocab_size"],
-                   hidden_act=raw.get("hidden_act", "silu"), rope_theta=raw.get("rope_theta", 10000.0),
-                   rope_scaling=scaling, max_position_embeddings=raw.get("max_position_embeddings", 2048))
+        return cls(**official_layer_shapes(raw, source, "EAGLE-3"))
 
 
 def target_layer_shapes(target: Target) -> dict:
@@ -105,6 +91,27 @@ def target_layer_shapes(target: Target) -> dict:
                 intermediate_size=cfg.intermediate_size, rms_norm_eps=getattr(cfg, "rms_norm_eps", 1e-6),
                 vocab_size=target.vocab_size, hidden_act=getattr(cfg, "hidden_act", "silu"), rope_theta=theta,
                 rope_scaling=scaling, max_position_embeddings=getattr(cfg, "max_position_embeddings", 2048) or 2048)
+
+
+def official_layer_shapes(raw: dict, source: str, kind: str, eps: float = 1e-6) -> dict:
+    """Config fields from a published drafter's Llama-style ``config.json`` (``eps``: the
+    trainer's default when the file omits ``rms_norm_eps``)."""
+    required = ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
+    missing = [k for k in required if k not in raw]
+    if missing:
+        raise SpecbenchError(f"{source} lacks {', '.join(missing)}; it is not a{'n' if kind[0] in 'AEIOU' else ''} "
+                             f"{kind} config")
+    heads = raw["num_attention_heads"]
+    scaling = raw.get("rope_scaling")
+    if scaling and scaling.get("rope_type", scaling.get("type")) == "default":
+        scaling = None
+    return dict(hidden_size=raw["hidden_size"], num_attention_heads=heads,
+                num_key_value_heads=raw.get("num_key_value_heads") or heads,
+                head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
+                intermediate_size=raw["intermediate_size"], rms_norm_eps=raw.get("rms_norm_eps", eps),
+                vocab_size=raw["vocab_size"], draft_vocab_size=raw.get("draft_vocab_size") or raw["vocab_size"],
+                hidden_act=raw.get("hidden_act", "silu"), rope_theta=raw.get("rope_theta", 10000.0),
+                rope_scaling=scaling, max_position_embeddings=raw.get("max_position_embeddings", 2048))
 
 
 def _rope_of(cfg) -> tuple[float, dict | None]:

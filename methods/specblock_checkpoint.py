@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from methods.eagle3 import eagle3_taps
+from methods.eagle3 import eagle3_taps, official_layer_shapes
 from methods.specblock_model import SpecBlockConfig, SpecBlockModel
 from specbench.errors import SpecbenchError
 from specbench.training.checkpoint import (CONFIG, load_drafter, load_state_exactly, read_drafter_config,
@@ -60,24 +60,10 @@ def _fill(model: SpecBlockModel, state: dict[str, torch.Tensor], folder) -> Spec
     return load_state_exactly(model, state, folder)
 
 
-def official_config(raw: dict, source: str, target) -> SpecBlockConfig:
-    required = ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
-    missing = [k for k in required if k not in raw]
-    if missing:
-        raise SpecbenchError(f"{source} lacks {', '.join(missing)}; it is not a SpecBlock config")
-    heads = raw["num_attention_heads"]
-    scaling = raw.get("rope_scaling")
-    if scaling and scaling.get("rope_type", scaling.get("type")) == "default":
-        scaling = None
-    return SpecBlockConfig(
-        hidden_size=raw["hidden_size"], num_attention_heads=heads,
-        num_key_value_heads=raw.get("num_key_value_heads") or heads,
-        head_dim=raw.get("head_dim") or raw["hidden_size"] // heads, intermediate_size=raw["intermediate_size"],
-        rms_norm_eps=raw.get("rms_norm_eps", 1e-5), vocab_size=raw["vocab_size"],
-        draft_vocab_size=raw.get("draft_vocab_size") or raw["vocab_size"],
-        block_size=raw.get("diffspec_draft_token_num", 4), num_layers=raw.get("num_hidden_layers", 2),
-        hidden_act=raw.get("hidden_act", "silu"), rope_theta=raw.get("rope_theta", 10000.0), rope_scaling=scaling,
-        max_position_embeddings=raw.get("max_position_embeddings", 2048))
+def official_config(raw: dict, source: str) -> SpecBlockConfig:
+    """The published SpecBlock config: Llama-style shapes plus K and the layer count (eps default 1e-5, as its trainer)."""
+    return SpecBlockConfig(**official_layer_shapes(raw, source, "SpecBlock", eps=1e-5),
+                           block_size=raw.get("diffspec_draft_token_num", 4), num_layers=raw.get("num_hidden_layers", 2))
 
 
 def _vocab_mapping(folder: Path) -> dict[str, torch.Tensor] | None:
@@ -94,7 +80,7 @@ def _vocab_mapping(folder: Path) -> dict[str, torch.Tensor] | None:
 
 
 def _load_official(folder: Path, raw: dict, target) -> SpecBlockModel:
-    arch = official_config(raw, str(folder / CONFIG), target)
+    arch = official_config(raw, str(folder / CONFIG))
     tapped = raw.get("target_hidden_size", arch.hidden_size)
     if tapped != target.hidden_size:
         raise SpecbenchError(f"drafter {folder} fuses taps of hidden size {tapped} but target {target.name!r} has "
