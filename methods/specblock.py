@@ -101,8 +101,10 @@ class SpecBlockDrafter(Drafter):
         if self.model is None:
             path = Path(self.options.path or SHIPPED_DIR / target.name / self.weights_name).expanduser()
             if not path.is_dir():
+                variant = self.weights_name.removeprefix("specblock").lstrip("-")
+                command = "specbench train specblock" + (f" --variant {variant}" if variant else "")
                 raise SpecbenchError(f"{self.name} needs a drafter folder for target {target.name!r} ({path} does not "
-                                     f"exist); pass --opt path=FOLDER or train one with `specbench train specblock`")
+                                     f"exist); pass --opt path=FOLDER or train one with `{command}`")
             self.model = load_specblock(path, target)
         self.model.to(device=target.device, dtype=target.dtype).eval()
         self.taps = self.model.taps

@@ -85,10 +85,12 @@ def _load_official(folder: Path, raw: dict, target) -> SpecBlockModel:
     if tapped != target.hidden_size:
         raise SpecbenchError(f"drafter {folder} fuses taps of hidden size {tapped} but target {target.name!r} has "
                              f"{target.hidden_size}; use a SpecBlock drafter trained for this target")
-    model = _build(arch, eagle3_taps(target.num_layers), target, folder)
     state = read_weights(folder, OFFICIAL_WEIGHTS, "SpecBlock")
     state = {k: v for k, v in state.items()
              if not k.startswith(OFFICIAL_IGNORED_PREFIX) and not k.endswith(OFFICIAL_IGNORED_SUFFIX)}
+    if "rank_head.0.weight" in state:  # the config does not record the rank head's width
+        arch.rank_hidden = state["rank_head.0.weight"].shape[0]
+    model = _build(arch, eagle3_taps(target.num_layers), target, folder)
     mapping = _vocab_mapping(folder)
     if mapping is not None:
         state.update(mapping)

@@ -47,6 +47,7 @@ class SpecBlockConfig:
     num_layers: int = 2
     prefix_broadcast: bool = True  # False: only slot 0 receives c and the token embedding (ablation)
     layer_shift: bool = True  # False: no W_shift between layers (ablation)
+    rank_hidden: int = 256  # width of the rank head's MLP (the paper leaves it open)
     hidden_act: str = "silu"
     rope_theta: float = 10000.0
     rope_scaling: dict | None = None
@@ -168,8 +169,8 @@ class SpecBlockModel(nn.Module):
         self.shift_proj = nn.ModuleList(nn.Linear(2 * h, h, bias=False) for _ in range(n_shift))
         self.norm = RMSNorm(h, config.rms_norm_eps)
         self.lm_head = nn.Linear(h, config.draft_vocab_size, bias=False)
-        self.rank_head = nn.Sequential(nn.Linear(h + RANK_FEATURES, 256, bias=False), nn.SiLU(),
-                                       nn.Linear(256, NUM_BUCKETS, bias=False))
+        self.rank_head = nn.Sequential(nn.Linear(h + RANK_FEATURES, config.rank_hidden, bias=False), nn.SiLU(),
+                                       nn.Linear(config.rank_hidden, NUM_BUCKETS, bias=False))
         self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.arange(config.vocab_size) < config.draft_vocab_size)
         self.rotary = Rotary(config)

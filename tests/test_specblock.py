@@ -383,6 +383,18 @@ def test_published_checkpoint_loads_and_drafts(tmp_path, target, trained):
     assert record.new_tokens == baseline(target, PROMPTS[0], config) and sum(record.accept_lengths) > 0
 
 
+def test_rank_head_width_travels_with_the_checkpoint(tmp_path, target):
+    model = fresh(target, rank_hidden=24)
+    (tmp_path / "published").mkdir()
+    published_checkpoint(tmp_path / "published", target, model)
+    save_specblock(tmp_path / "ours", model, target, {}, dtype=None)
+    for folder in ("published", "ours"):
+        loaded = load_specblock(tmp_path / folder, target)
+        assert loaded.config.rank_hidden == 24, folder
+        for key, value in model.state_dict().items():
+            assert torch.equal(loaded.state_dict()[key], value), (folder, key)
+
+
 @pytest.mark.parametrize("change,message", [({"drop": "shift_proj.0.weight"}, "lacks keys: shift_proj.0.weight"),
                                             ({"mapping": False}, "vocab_mapping.pt")],
                          ids=["missing-key", "no-mapping"])
@@ -395,3 +407,5 @@ def test_published_checkpoint_errors_name_the_problem(tmp_path, target, trained,
 def test_missing_drafter_is_one_clear_error(target, tmp_path):
     with pytest.raises(SpecbenchError, match="train one with `specbench train specblock`"):
         SpecBlockDrafter(SpecBlockOptions(path=str(tmp_path / "nope"))).setup(target)
+    with pytest.raises(SpecbenchError, match="train one with `specbench train specblock --variant no-shift`"):
+        create_drafter("specblock-no-shift", {"path": str(tmp_path / "nope")}).setup(target)

@@ -313,6 +313,7 @@ def specblock(
     draft_vocab: int = typer.Option(4096, help="Reduced draft vocabulary (most frequent response tokens)."),
     block_size: int = typer.Option(4, help="K: dependent slots per drafter forward."),
     layers: int = typer.Option(2, help="Drafter decoder layers (the target's layer shapes)."),
+    rank_hidden: int = typer.Option(256, help="Width of the rank head's MLP."),
     rank_start: Optional[int] = typer.Option(None, help="Steps before the rank loss starts "
                                                         "(paper 2,000 of ~20 epochs; default: 25% of the steps)."),
     cross_block_start: int = typer.Option(0, help="Steps before block-2 training starts (paper 0; reference: "
@@ -348,7 +349,8 @@ def specblock(
     t, data_file, examples = _training_data(target, prompts, data_dir, limit, max_new_tokens, max_prompt_tokens)
     d2t, t2d, coverage = build_vocab_mapping(token_counts(examples, t.vocab_size), draft_vocab)
     typer.echo(f"draft vocabulary {draft_vocab}: {100 * coverage:.2f}% of response tokens")
-    config = SpecBlockConfig.from_target(t, draft_vocab, block_size=block_size, num_layers=layers, **overrides)
+    config = SpecBlockConfig.from_target(t, draft_vocab, block_size=block_size, num_layers=layers,
+                                         rank_hidden=rank_hidden, **overrides)
     model = SpecBlockModel(config, eagle3_taps(t.num_layers), t.model.get_input_embeddings()).to(t.device)
     model.d2t.copy_(d2t)
     model.t2d.copy_(t2d)
@@ -360,7 +362,8 @@ def specblock(
     settings = LossSettings(valid_prefix=valid, rank_start=start, cross_fraction=cross_fraction, decay=decay,
                             normalise=normalise, cross_block_start=cross_block_start)
     recipe = _recipe(lr, epochs, batch_size, max_length, variant=variant, draft_vocab=draft_vocab,
-                     vocab_coverage=coverage, block_size=block_size, layers=layers, rank_start=start,
+                     vocab_coverage=coverage, block_size=block_size, layers=layers, rank_hidden=rank_hidden,
+                     rank_start=start,
                      cross_fraction=cross_fraction, decay=decay, valid_prefix=valid, normalise=normalise,
                      cross_block_start=cross_block_start)
     recipe.dtype = dtype

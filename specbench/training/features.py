@@ -4,6 +4,7 @@ target's hidden-state taps, computed on the fly or read from an fp16 disk cache.
 from __future__ import annotations
 
 import hashlib
+import os
 import random
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -59,7 +60,11 @@ class FeatureCache:
         return {int(k): v.float() for k, v in load_file(str(path)).items()}
 
     def put(self, example_id: str, taps: dict[int, torch.Tensor]) -> None:
-        save_file({str(k): v.half().contiguous() for k, v in taps.items()}, str(self._path(example_id)))
+        # Write then rename, so runs sharing the cache never read a half-written file.
+        path = self._path(example_id)
+        partial = path.with_name(f"{path.stem}.{os.getpid()}.partial")
+        save_file({str(k): v.half().contiguous() for k, v in taps.items()}, str(partial))
+        os.replace(partial, path)
 
 
 def iterate_batches(target: Target, examples: Sequence[dict], taps: Sequence[int], batch_size: int, max_length: int,
