@@ -33,3 +33,16 @@ def test_sps_on_default_target_is_lossless_in_fp32(target):
     vanilla.setup(target)
     sps.setup(target)
     assert generate(target, sps, ids, config).new_tokens == generate(target, vanilla, ids, config).new_tokens
+
+
+def test_shipped_specblock_drafter_is_lossless_and_accepts(target):
+    from methods.specblock import SpecBlockDrafter, SpecBlockOptions
+
+    ids = render_chat(target.tokenizer, [{"role": "user", "content": "Explain what a binary search does."}])
+    config = GenerationConfig(max_new_tokens=32)
+    vanilla, specblock = VanillaDrafter(), SpecBlockDrafter(SpecBlockOptions(budget=16, beam_width=4))
+    vanilla.setup(target)
+    specblock.setup(target)  # drafters/smollm2-135m/specblock
+    record = generate(target, specblock, ids, config)
+    assert record.new_tokens == generate(target, vanilla, ids, config).new_tokens
+    assert sum(record.accept_lengths) > 0 and record.forwards["drafter"] >= record.n_verify
