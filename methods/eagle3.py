@@ -404,17 +404,24 @@ class Eagle3Model(nn.Module):
             raise SpecbenchError(f"{folder} holds a {raw['method']!r} drafter, not eagle3")
         config, state = load_drafter(folder, target)
         arch = Eagle3Config(**config["architecture"])
-        taps = tuple(config["taps"])
-        if taps != eagle3_taps(target.num_layers):
-            raise SpecbenchError(f"drafter {folder} reads taps {list(taps)} but target {target.name!r} needs "
-                                 f"{list(eagle3_taps(target.num_layers))}; train one for this target")
+        taps = check_taps(config["taps"], target, folder)
         return _fill(_build(cls, arch, taps, target, folder), state, folder)
 
 
-def _check_arch(arch: Eagle3Config, target: Target, folder: str | Path) -> None:
+def check_taps(taps: Sequence[int], target: Target, folder: str | Path) -> tuple[int, ...]:
+    """A saved drafter's taps must be the three this target's drafters read (EAGLE-3, SpecBlock)."""
+    wanted = eagle3_taps(target.num_layers)
+    if tuple(taps) != wanted:
+        raise SpecbenchError(f"drafter {folder} reads taps {list(taps)} but target {target.name!r} needs "
+                             f"{list(wanted)}; train one for this target")
+    return wanted
+
+
+def check_layer_shapes(arch, target: Target, folder: str | Path, kind: str) -> None:
+    """A drafter built on the target's hidden states and vocabulary must match both."""
     if arch.hidden_size != target.hidden_size:
         raise SpecbenchError(f"drafter {folder} has hidden size {arch.hidden_size} but target {target.name!r} has "
-                             f"{target.hidden_size}; use an EAGLE-3 drafter trained for this target")
+                             f"{target.hidden_size}; use {kind} drafter trained for this target")
     if arch.vocab_size != target.vocab_size:
         raise SpecbenchError(f"drafter {folder} maps a vocabulary of {arch.vocab_size} tokens but target "
                              f"{target.name!r} has {target.vocab_size}; use a drafter trained for this target")
@@ -422,7 +429,7 @@ def _check_arch(arch: Eagle3Config, target: Target, folder: str | Path) -> None:
 
 def _build(cls: type[Eagle3Model], arch: Eagle3Config, taps: Sequence[int], target: Target,
            folder: str | Path) -> Eagle3Model:
-    _check_arch(arch, target, folder)
+    check_layer_shapes(arch, target, folder, "an EAGLE-3")
     return cls(arch, taps, target.model.get_input_embeddings())
 
 

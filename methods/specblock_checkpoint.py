@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from methods.eagle3 import eagle3_taps, official_layer_shapes
+from methods.eagle3 import check_layer_shapes, check_taps, eagle3_taps, official_layer_shapes
 from methods.specblock_model import SpecBlockConfig, SpecBlockModel
 from specbench.errors import SpecbenchError
 from specbench.training.checkpoint import (CONFIG, load_drafter, load_state_exactly, read_drafter_config,
@@ -39,25 +39,13 @@ def load_specblock(folder: str | Path, target) -> SpecBlockModel:
         raise SpecbenchError(f"{folder} holds a {raw['method']!r} drafter, not specblock")
     config, state = load_drafter(folder, target)
     arch = SpecBlockConfig(**config["architecture"])
-    taps = tuple(config["taps"])
-    if taps != eagle3_taps(target.num_layers):
-        raise SpecbenchError(f"drafter {folder} reads taps {list(taps)} but target {target.name!r} needs "
-                             f"{list(eagle3_taps(target.num_layers))}; train one for this target")
-    return _fill(_build(arch, taps, target, folder), state, folder)
+    taps = check_taps(config["taps"], target, folder)
+    return load_state_exactly(_build(arch, taps, target, folder), state, folder)
 
 
 def _build(arch: SpecBlockConfig, taps, target, folder) -> SpecBlockModel:
-    if arch.hidden_size != target.hidden_size:
-        raise SpecbenchError(f"drafter {folder} has hidden size {arch.hidden_size} but target {target.name!r} has "
-                             f"{target.hidden_size}; use a SpecBlock drafter trained for this target")
-    if arch.vocab_size != target.vocab_size:
-        raise SpecbenchError(f"drafter {folder} maps a vocabulary of {arch.vocab_size} tokens but target "
-                             f"{target.name!r} has {target.vocab_size}; use a drafter trained for this target")
+    check_layer_shapes(arch, target, folder, "a SpecBlock")
     return SpecBlockModel(arch, tuple(taps), target.model.get_input_embeddings())
-
-
-def _fill(model: SpecBlockModel, state: dict[str, torch.Tensor], folder) -> SpecBlockModel:
-    return load_state_exactly(model, state, folder)
 
 
 def official_config(raw: dict, source: str) -> SpecBlockConfig:
@@ -101,4 +89,4 @@ def _load_official(folder: Path, raw: dict, target) -> SpecBlockModel:
     if missing:
         raise SpecbenchError(f"SpecBlock checkpoint {folder} lacks keys: {', '.join(missing)}"
                              + (f" (no {VOCAB_MAPPING}?)" if "t2d" in missing else ""))
-    return _fill(model, state, folder)
+    return load_state_exactly(model, state, folder)
