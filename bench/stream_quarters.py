@@ -29,8 +29,8 @@ def summarise(path: str) -> None:
         if r.method != "vanilla" and (r.prompt_id, r.turn) in base:
             by_method[r.method].append(r)
     print(f"\n{path}")
-    print("| method | queries | τ all | τ Q1 → Q4 | speedup Q1 → Q4 | T_D% | adapt % of decode | updates |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| method | queries | τ all | speedup all | τ Q1 → Q4 | speedup Q1 → Q4 | T_D% | adapt % of decode | updates |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for method, recs in sorted(by_method.items()):
         recs.sort(key=lambda r: (r.query_index, r.turn))
         q = max(len(recs) // 4, 1)
@@ -41,7 +41,8 @@ def summarise(path: str) -> None:
 
         adapt = sum(r.times.get("adapt", 0.0) for r in recs) / max(sum(r.decode_time for r in recs), 1e-9)
         updates = [r.extra.get("adapt", {}).get("update") for r in recs]
-        print(f"| {method} | {len(recs)} | {metrics.tau(recs):.2f} | {metrics.tau(first):.2f} → {metrics.tau(last):.2f} | "
+        print(f"| {method} | {len(recs)} | {metrics.tau(recs):.2f} | {spd(recs):.2f}× | "
+              f"{metrics.tau(first):.2f} → {metrics.tau(last):.2f} | "
               f"{spd(first):.2f}× → {spd(last):.2f}× | {100 * metrics.draft_share(recs):.0f}% | {100 * adapt:.1f}% | "
               f"{', '.join(u for u in updates if u) or '—'} |")
     passes = max((pass_of(r) for recs in by_method.values() for r in recs), default=1)
