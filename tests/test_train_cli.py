@@ -69,3 +69,28 @@ def test_train_medusa_then_run_it(models, tmp_path, capsys, monkeypatch):
     folder = assert_trained(tmp_path / "m")
     target = Target.load(models["target"], "float32")
     lossless(target, MedusaDrafter(MedusaOptions(path=str(folder), topk=4)))
+
+
+def test_shipped_responses_seed_the_cache_without_generating(models, tmp_path, capsys, monkeypatch):
+    """`train data --export` writes prompt-free responses; a later run finds them under
+    training_data/<target>/ and rebuilds the same cache rows by re-rendering the prompts only."""
+    from specbench.training import data as data_mod
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    prompts = prompt_file(tmp_path)
+    shipped = tmp_path / "shipped" / "target" / "p.responses.jsonl.gz"
+    args = ["train", "data", "--target", models["target"], "--prompts", prompts, "--max-new-tokens", "8"]
+    code, out, err = cli([*args, "--export", str(shipped)], capsys)
+    assert code == 0, err
+    cached = next((tmp_path / "cache" / "data").rglob("*.jsonl"))
+    before = data_mod.read_examples(cached)
+    cached.unlink()
+
+    def no_generation(*a, **k):
+        raise AssertionError("answers were generated although shipped ones match")
+
+    monkeypatch.setattr(data_mod, "SHIPPED_RESPONSES", tmp_path / "shipped")
+    monkeypatch.setattr(data_mod, "_generate_batch", no_generation)
+    code, out, err = cli(args, capsys)
+    assert code == 0, err
+    assert sorted(data_mod.read_examples(cached), key=lambda e: e["id"]) == sorted(before, key=lambda e: e["id"])

@@ -47,11 +47,15 @@ def _prompt_file(prompts: Optional[str], data_dir: Optional[str]) -> Path:
 def _load_data(target, prompts: Optional[str], data_dir: Optional[str], limit: Optional[int], max_new_tokens: int,
                batch_size: int, temperature: float, max_prompt_tokens: int = 512):
     from specbench.benchmarks import load_benchmark
-    from specbench.training.data import dataset_path, read_examples, regenerate
+    from specbench.training.data import (dataset_path, import_responses, read_examples, regenerate,
+                                         shipped_responses_for)
 
     file = _prompt_file(prompts, data_dir)
     out = dataset_path(target, file, max_new_tokens, temperature)
     items = load_benchmark(str(file), limit=limit)
+    shipped = shipped_responses_for(target, file, max_new_tokens, temperature)
+    if shipped is not None:  # answers already generated for these prompts: only the prompts are rendered
+        import_responses(target, items, shipped, out)
     regenerate(target, items, out, max_new_tokens=max_new_tokens, batch_size=batch_size, temperature=temperature,
                max_prompt_tokens=max_prompt_tokens)
     wanted = {p.id for p in items}
@@ -79,14 +83,25 @@ def data(
     temperature: float = typer.Option(0.0, help="0 = greedy (default), else sampled."),
     dtype: str = typer.Option("bfloat16", help="Target dtype for generation."),
     max_prompt_tokens: int = MAX_PROMPT_TOKENS,
+    export: Optional[Path] = typer.Option(None, help="Also write the responses (no prompt text) to this "
+                                                     ".responses.jsonl.gz, to ship under training_data/<target>/."),
 ) -> None:
     """Answer the prompts with the target (resumable); prints where the data is cached."""
     from specbench.target import Target
+    from specbench.training.checkpoint import tokenizer_fingerprint
+    from specbench.training.data import _prompt_digest, export_responses
 
     t = Target.load(target, dtype)
     out, examples = _load_data(t, prompts, data_dir, limit, max_new_tokens, batch_size, temperature, max_prompt_tokens)
     tokens = sum(len(e["response_ids"]) for e in examples)
     typer.echo(f"{len(examples)} examples, {tokens} response tokens -> {out}")
+    if export is not None:
+        file = _prompt_file(prompts, data_dir)
+        export_responses(out, export, target=t.name, tokenizer=tokenizer_fingerprint(t.tokenizer),
+                         prompt_file=file.name, prompt_digest=_prompt_digest(file), max_new_tokens=max_new_tokens,
+                         temperature=temperature, max_prompt_tokens=max_prompt_tokens, dtype=str(t.dtype),
+                         device=str(t.device))
+        typer.echo(f"responses -> {export}")
 
 
 def _fit(target, examples: list[dict], module, loss_fn, taps: list[int], save, out: Path, recipe, held_out: float,

@@ -23,8 +23,7 @@ DEFAULT_PROMPTS = "train_prompts/sharegpt_first_turns.jsonl"  # relative to the 
 
 def dataset_path(target: Target, prompt_file: str | Path, max_new_tokens: int, temperature: float) -> Path:
     """Cache file keyed by the target (name + tokenizer) and the prompt file's content."""
-    digest = hashlib.sha256(Path(prompt_file).read_bytes()).hexdigest()[:10]
-    tag = f"{Path(prompt_file).stem}-{digest}-n{max_new_tokens}-t{temperature:g}.jsonl"
+    tag = f"{Path(prompt_file).stem}-{_prompt_digest(prompt_file)}-n{max_new_tokens}-t{temperature:g}.jsonl"
     target_tag = f"{Path(target.name).name}-{tokenizer_fingerprint(target.tokenizer)[:8]}"
     return cache_dir() / "data" / target_tag / tag
 
@@ -99,3 +98,68 @@ def regenerate(target: Target, prompts: list[Prompt], out: str | Path, max_new_t
     if not read_examples(out):
         raise SpecbenchError(f"no training examples were produced in {out}; check the prompt file")
     return out
+
+
+# Regenerated answers ship without their prompts (the prompt files stay in the data dir): a
+# gzipped JSONL whose first line describes what the responses answer, then {id, response_ids}.
+SHIPPED_RESPONSES = Path(__file__).resolve().parents[2] / "training_data"
+
+
+def _prompt_digest(prompt_file: str | Path) -> str:
+    return hashlib.sha256(Path(prompt_file).read_bytes()).hexdigest()[:10]
+
+
+def export_responses(cache_file: str | Path, out: str | Path, **provenance) -> Path:
+    """Write the responses of a regeneration cache file (no prompt text) to ``out`` (.jsonl.gz)."""
+    import gzip
+
+    examples = read_examples(cache_file)
+    header = {"responses_of": Path(cache_file).name, "examples": len(examples), **provenance}
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(out, "wt", encoding="utf-8") as fh:
+        fh.write(json.dumps(header) + "\n")
+        for e in examples:
+            fh.write(json.dumps({"id": e["id"], "response_ids": e["response_ids"]}, separators=(",", ":")) + "\n")
+    return out
+
+
+def import_responses(target: Target, prompts: list[Prompt], shipped: str | Path, out: str | Path,
+                     system_prompt: str | None = None) -> int:
+    """Rebuild cache rows {id, prompt_ids, response_ids} from a shipped responses file by rendering
+    each prompt again with the target's chat template. Returns the number of rows added."""
+    import gzip
+
+    with gzip.open(shipped, "rt", encoding="utf-8") as fh:
+        header = json.loads(fh.readline())
+        responses = {row["id"]: row["response_ids"] for row in map(json.loads, fh)}
+    if header.get("tokenizer") != tokenizer_fingerprint(target.tokenizer):
+        raise SpecbenchError(f"{shipped} was generated with another tokenizer; regenerate with `specbench train data`")
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    done = {e["id"] for e in read_examples(out)} if out.exists() else set()
+    added = 0
+    with open(out, "a", encoding="utf-8") as fh:
+        for p in prompts:
+            if p.id in responses and p.id not in done:
+                ids = render_chat(target.tokenizer, [{"role": "user", "content": p.turns[0]}], system_prompt)
+                fh.write(json.dumps({"id": p.id, "prompt_ids": ids, "response_ids": responses[p.id]}) + "\n")
+                added += 1
+        fh.flush()
+        os.fsync(fh.fileno())
+    return added
+
+
+def shipped_responses_for(target: Target, prompt_file: str | Path, max_new_tokens: int,
+                          temperature: float) -> Path | None:
+    """A shipped responses file answering exactly this prompt file with these settings, if any."""
+    import gzip
+
+    folder = SHIPPED_RESPONSES / Path(target.name).name
+    for path in sorted(folder.glob("*.responses.jsonl.gz")):
+        with gzip.open(path, "rt", encoding="utf-8") as fh:
+            header = json.loads(fh.readline())
+        if (header.get("prompt_digest") == _prompt_digest(prompt_file)
+                and header.get("max_new_tokens") == max_new_tokens and header.get("temperature") == temperature):
+            return path
+    return None
