@@ -113,6 +113,25 @@ def test_checkpoint_refuses_other_target_and_corrupt_files(tmp_path):
         load_drafter(tmp_path / "d", target)
 
 
+def test_target_check_compares_the_vocabulary_not_special_token_metadata(models, tmp_path):
+    """Two transformers releases read one GGUF's eos/pad differently; the ids still mean the same
+    tokens, so a drafter recorded with the vocabulary fingerprint loads under either, and a drafter
+    for another vocabulary is refused."""
+    from specbench.target import Target
+
+    target = Target.load(models["target"], "float32")
+    fingerprint = target_fingerprint(target)
+    save_drafter(tmp_path / "d", {"w": torch.zeros(1)}, {"method": "x", "target": {**fingerprint, "tokenizer": "other"}})
+    load_drafter(tmp_path / "d", target)
+    save_drafter(tmp_path / "e", {"w": torch.zeros(1)}, {"method": "x", "target": {**fingerprint, "vocab": "other"}})
+    with pytest.raises(SpecbenchError, match="trained for target"):
+        load_drafter(tmp_path / "e", target)
+    legacy = {k: v for k, v in fingerprint.items() if k != "vocab"}
+    save_drafter(tmp_path / "f", {"w": torch.zeros(1)}, {"method": "x", "target": {**legacy, "tokenizer": "other"}})
+    with pytest.raises(SpecbenchError, match="trained for target"):
+        load_drafter(tmp_path / "f", target)
+
+
 def test_bf16_autocast_training_runs(tmp_path):
     target = tiny_target(0, layers=4)
     data = examples(target, 4)

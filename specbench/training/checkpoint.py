@@ -21,7 +21,7 @@ WEIGHTS = "model.safetensors"
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
-    """Stable hash of the vocabulary and special tokens (what makes token ids mean the same)."""
+    """Hash of the vocabulary and special tokens, as drafters written before ``vocab`` recorded it."""
     if tokenizer is None:
         return "none"
     vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
@@ -29,9 +29,20 @@ def tokenizer_fingerprint(tokenizer) -> str:
     return hashlib.sha256(json.dumps([vocab, special]).encode()).hexdigest()[:16]
 
 
+def vocab_fingerprint(tokenizer) -> str:
+    """Hash of the token -> id mapping: what makes token ids mean the same. Special-token metadata is
+    left out on purpose: transformers releases disagree on it for one GGUF file (5.17 reads SmolLM2's
+    eos as 1 and no pad, 5.23 eos 2 and pad 2) while every id means the same token."""
+    if tokenizer is None:
+        return "none"
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    return hashlib.sha256(json.dumps(vocab).encode()).hexdigest()[:16]
+
+
 def target_fingerprint(target) -> dict:
     return {"name": target.name, "tokenizer": tokenizer_fingerprint(target.tokenizer),
-            "hidden_size": target.hidden_size, "vocab_size": target.vocab_size, "num_layers": target.num_layers}
+            "vocab": vocab_fingerprint(target.tokenizer), "hidden_size": target.hidden_size,
+            "vocab_size": target.vocab_size, "num_layers": target.num_layers}
 
 
 def save_drafter(folder: str | Path, state_dict: dict[str, torch.Tensor], config: dict,
@@ -75,7 +86,9 @@ def load_drafter(folder: str | Path, target=None) -> tuple[dict, dict[str, torch
 def check_target(config: dict, target, folder: str | Path) -> None:
     trained = config.get("target", {})
     ours = target_fingerprint(target)
-    for key in ("tokenizer", "hidden_size"):
+    # ``vocab`` supersedes ``tokenizer`` (which also hashed special-token metadata) where recorded.
+    keys = ("vocab", "hidden_size") if "vocab" in trained else ("tokenizer", "hidden_size")
+    for key in keys:
         if key in trained and trained[key] != ours[key]:
             raise SpecbenchError(f"drafter {folder} was trained for target {trained.get('name', '?')!r} "
                                  f"({key} differs from {target.name!r}); train one for this target with `specbench train`")

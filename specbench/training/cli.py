@@ -88,7 +88,7 @@ def data(
 ) -> None:
     """Answer the prompts with the target (resumable); prints where the data is cached."""
     from specbench.target import Target
-    from specbench.training.checkpoint import tokenizer_fingerprint
+    from specbench.training.checkpoint import vocab_fingerprint
     from specbench.training.data import _prompt_digest, export_responses
 
     t = Target.load(target, dtype)
@@ -97,7 +97,7 @@ def data(
     typer.echo(f"{len(examples)} examples, {tokens} response tokens -> {out}")
     if export is not None:
         file = _prompt_file(prompts, data_dir)
-        export_responses(out, export, target=t.name, tokenizer=tokenizer_fingerprint(t.tokenizer),
+        export_responses(out, export, target=t.name, vocab=vocab_fingerprint(t.tokenizer),
                          prompt_file=file.name, prompt_digest=_prompt_digest(file), max_new_tokens=max_new_tokens,
                          temperature=temperature, max_prompt_tokens=max_prompt_tokens, dtype=str(t.dtype),
                          device=str(t.device))

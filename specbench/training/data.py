@@ -16,7 +16,7 @@ from specbench.benchmarks import Prompt
 from specbench.errors import SpecbenchError
 from specbench.prompts import render_chat
 from specbench.target import Target, cache_dir
-from specbench.training.checkpoint import tokenizer_fingerprint
+from specbench.training.checkpoint import vocab_fingerprint
 
 DEFAULT_PROMPTS = "train_prompts/sharegpt_first_turns.jsonl"  # relative to the data dir
 
@@ -24,7 +24,7 @@ DEFAULT_PROMPTS = "train_prompts/sharegpt_first_turns.jsonl"  # relative to the 
 def dataset_path(target: Target, prompt_file: str | Path, max_new_tokens: int, temperature: float) -> Path:
     """Cache file keyed by the target (name + tokenizer) and the prompt file's content."""
     tag = f"{Path(prompt_file).stem}-{_prompt_digest(prompt_file)}-n{max_new_tokens}-t{temperature:g}.jsonl"
-    target_tag = f"{Path(target.name).name}-{tokenizer_fingerprint(target.tokenizer)[:8]}"
+    target_tag = f"{Path(target.name).name}-{vocab_fingerprint(target.tokenizer)[:8]}"
     return cache_dir() / "data" / target_tag / tag
 
 
@@ -133,7 +133,7 @@ def import_responses(target: Target, prompts: list[Prompt], shipped: str | Path,
     with gzip.open(shipped, "rt", encoding="utf-8") as fh:
         header = json.loads(fh.readline())
         responses = {row["id"]: row["response_ids"] for row in map(json.loads, fh)}
-    if header.get("tokenizer") != tokenizer_fingerprint(target.tokenizer):
+    if header.get("vocab") != vocab_fingerprint(target.tokenizer):
         raise SpecbenchError(f"{shipped} was generated with another tokenizer; regenerate with `specbench train data`")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
