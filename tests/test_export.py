@@ -117,3 +117,14 @@ def test_export_bad_input_is_one_line(tmp_path, capsys):
     assert code == 2 and "unknown export format 'csv'" in err
     code, _, err = cli(["export", str(results)], capsys)
     assert code == 2 and "cannot load the tokenizer" in err and not (tmp_path / "run_spec-bench").exists()
+
+
+def test_spec_bench_bench_and_its_categories():
+    from specbench.benchmarks import load_benchmark
+
+    assert len(load_benchmark("spec_bench")) == 480
+    for category in ("translation", "summarization", "qa", "math_reasoning", "rag"):
+        assert len(load_benchmark("spec_bench", category=category)) == 80
+    mt = load_benchmark("spec_bench", category="mt_bench")  # speed.py's group of the 8 MT-Bench sub-categories
+    assert len(mt) == 80 and all(len(p.turns) == 2 for p in mt)
+    assert len(load_benchmark("spec_bench", category="writing")) == 10
