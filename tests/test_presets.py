@@ -182,6 +182,15 @@ def test_reproduce_runs_the_plan_on_a_tiny_target(models, tmp_path, capsys):
     assert {r["method"] for r in records} == {"dvi", "vanilla"}
     assert {(r["prompt_id"], r["turn"]) for r in records} == {("81", 0), ("81", 1)}  # MT-Bench's two turns
     assert all(len(r["new_tokens"]) <= 4 for r in records)
+    # The report names the paper's metric; the export gives Spec-Bench files for both sides.
+    from specbench.report import build_report
+
+    table = build_report(files, paper_numbers=None, reps=0).paper_metric
+    assert table is not None and "spec_bench_speedup" in render_markdown(table)
+    code, stdout, err = cli(["export", "--format", "spec-bench", str(files[0]), "--out", str(tmp_path / "sb")], capsys)
+    assert code == 0, err
+    assert sorted(p.name for p in (tmp_path / "sb").iterdir()) == ["deep-dvi-temperature-0.jsonl",
+                                                                  "deep-vanilla-temperature-0.jsonl"]
 
 
 # ------------------------------------------------------------------------------------------ the papers' metrics
