@@ -333,12 +333,19 @@ def _load_custom(path: Path) -> list[Prompt]:
     return _read_jsonl(path, path.stem)
 
 
+# Categories that name a group of others: Spec-Bench's MT-Bench rows carry their MT-Bench sub-category,
+# and its speed.py selects them together as "mt_bench".
+CATEGORY_GROUPS = {"spec_bench": {"mt_bench": ("writing", "roleplay", "reasoning", "math", "coding", "extraction",
+                                               "stem", "humanities")}}
+
+
 def _filter_category(prompts: list[Prompt], key: str | None, category: str, bench: str) -> list[Prompt]:
     if key is None:
         raise SpecbenchError(f"bench {bench!r} has no categories; drop --category")
-    kept = [p for p in prompts if str(p.meta.get(key)) == category]
+    wanted = CATEGORY_GROUPS.get(bench, {}).get(category, (category,))
+    kept = [p for p in prompts if str(p.meta.get(key)) in wanted]
     if not kept:
-        valid = sorted({str(p.meta[key]) for p in prompts if key in p.meta})
+        valid = sorted({str(p.meta[key]) for p in prompts if key in p.meta} | set(CATEGORY_GROUPS.get(bench, {})))
         raise SpecbenchError(f"unknown category {category!r} for bench {bench!r}; valid: {', '.join(valid)}")
     return kept
 

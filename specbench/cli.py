@@ -48,8 +48,8 @@ def _parse_opts(opts: list[str], config: Optional[Path]) -> dict:
 
 @app.command()
 def run(
-    method: str = typer.Option(..., "--method", "-m", help="Method name (see `specbench list methods`)."),
-    bench: str = typer.Option(..., "--bench", "-b", help="Benchmark name or a .jsonl file."),
+    method: Optional[str] = typer.Option(None, "--method", "-m", help="Method name (see `specbench list methods`)."),
+    bench: Optional[str] = typer.Option(None, "--bench", "-b", help="Benchmark name or a .jsonl file."),
     target: str = typer.Option("smollm2-135m", help="Target: smollm2-135m, a .gguf file, a model folder or a hub id."),
     temperature: float = typer.Option(0.0, help="0 = greedy; > 0 samples (lossless either way)."),
     top_k: int = typer.Option(0, help="Top-k filter at T > 0 (0 = off)."),
@@ -76,10 +76,19 @@ def run(
     sweep: Optional[str] = typer.Option(None, help="key=v1,v2,...: one side per value, labelled METHOD@key=v."),
     also: list[str] = typer.Option([], "--also", help="Another method in the same run: name or name@key=value[@key=value] (repeatable)."),
     passes: int = typer.Option(1, help="Repeat the query stream N times (drafters that learn keep their state)."),
+    preset: Optional[str] = typer.Option(None, help="Run a paper preset instead (= `specbench reproduce PRESET`; --out is its folder)."),
+    dry_run: bool = typer.Option(False, help="With --preset: print the plan, load no model."),
 ) -> None:
     """Run METHOD (and every --also / --sweep side) on BENCH with the vanilla baseline interleaved
     prompt by prompt; print the summary table. BENCH may be a mixed stream: `mixed` or `a+b+c`."""
     from specbench.runner import RunConfig, Runner, summary_table
+
+    if preset is not None:
+        _reproduce(preset, target, limit=limit, dry_run=dry_run, out_dir=out, device=device, data_dir=data_dir,
+                   resume=resume, overwrite=overwrite)
+        return
+    if method is None or bench is None:
+        raise SpecbenchError("run needs --method and --bench (or --preset PRESET)")
 
     cfg = RunConfig(method=method, bench=bench, options=_parse_opts(opt, config), label=label, target=target,
                     dtype=dtype, device=device, attn_implementation=attn, temperature=temperature, top_k=top_k,
@@ -93,6 +102,87 @@ def run(
     if runner.skipped:
         err.print(f"[yellow]skipped {len(runner.skipped)} prompt(s) past the context window[/]")
     console.print(f"records: {runner.store.path}")
+
+
+def _parse_drafters(items: list[str]) -> dict[str, str]:
+    drafters = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip() or not value.strip():
+            raise SpecbenchError(f"--drafter expects METHOD=PATH_OR_HUB_ID (got {item!r})")
+        drafters[name.strip()] = value.strip()
+    return drafters
+
+
+def _reproduce(name: str, target: str, *, limit: Optional[int] = None, dry_run: bool = False,
+               out_dir: Optional[Path] = None, device: str = "cpu", dtype: Optional[str] = None,
+               max_new_tokens: Optional[int] = None, drafters: Optional[dict] = None, data_dir: Optional[str] = None,
+               target_revision: Optional[str] = None, resume: bool = False, overwrite: bool = False) -> None:
+    from specbench.preset import build_plan, execute, format_plan
+
+    plan = build_plan(name, target, limit=limit, out_dir=out_dir or Path("results") / name, drafters=drafters,
+                      device=device, dtype=dtype, max_new_tokens=max_new_tokens, data_dir=data_dir,
+                      target_revision=target_revision, resume=resume, overwrite=overwrite)
+    console.print(format_plan(plan), markup=False, highlight=False, soft_wrap=True)
+    if dry_run:
+        return
+    if not plan.runs:
+        raise SpecbenchError(f"preset {name} has nothing to run for {target}: see the NOT RUN lines above")
+    outs = execute(plan, err)
+    console.print(f"results: {len(outs)} files in {Path(outs[0]).parent} (`specbench report {Path(outs[0]).parent}` "
+                  f"adds the paper-metric table)")
+
+
+@app.command()
+def reproduce(
+    preset: str = typer.Argument(..., help="Paper preset (see `specbench list presets`)."),
+    target: str = typer.Option(..., help="Target: a hub id (e.g. meta-llama/Llama-3.1-8B-Instruct) or a folder."),
+    limit: Optional[int] = typer.Option(None, help="First N prompts of each bench after the paper's selection."),
+    dry_run: bool = typer.Option(False, help="Print the full plan (benches, counts, methods, drafters, forwards); load no model."),
+    out_dir: Optional[Path] = typer.Option(None, help="Folder for results files (default results/<preset>)."),
+    device: str = typer.Option("cuda" if os.environ.get("CUDA_VISIBLE_DEVICES") else "cpu", help="cpu or cuda."),
+    dtype: Optional[str] = typer.Option(None, help="Override the preset's dtype."),
+    max_new_tokens: Optional[int] = typer.Option(None, help="Override (or supply, where the paper states none) max new tokens."),
+    drafter: list[str] = typer.Option([], "--drafter", help="METHOD=PATH_OR_HUB_ID: a drafter for a method the preset cannot name (repeatable)."),
+    target_revision: Optional[str] = typer.Option(None, help="Target revision (commit, tag or branch)."),
+    data_dir: Optional[str] = typer.Option(None, help="Folder of benchmark JSONL files (else $SPECBENCH_DATA)."),
+    resume: bool = typer.Option(False, help="Continue interrupted results files."),
+    overwrite: bool = typer.Option(False, help="Replace existing results files."),
+) -> None:
+    """Run a published table's protocol (benches, framing, selection, budgets, drafters, metric): one
+    `specbench run` per bench x temperature, the preset's name in every header."""
+    _reproduce(preset, target, limit=limit, dry_run=dry_run, out_dir=out_dir, device=device, dtype=dtype,
+               max_new_tokens=max_new_tokens, drafters=_parse_drafters(drafter), data_dir=data_dir,
+               target_revision=target_revision, resume=resume, overwrite=overwrite)
+
+
+@app.command()
+def export(
+    results: Path = typer.Argument(..., help="A specbench results file (.jsonl)."),
+    format: str = typer.Option("spec-bench", "--format", help="Output format: spec-bench."),
+    out: Optional[Path] = typer.Option(None, help="Output folder (default RESULTS_spec-bench/ beside the file)."),
+    tokenizer: Optional[str] = typer.Option(None, help="Tokenizer to decode answers (default: the run's target)."),
+    data_dir: Optional[str] = typer.Option(None, help="Folder of benchmark JSONL files, for question categories."),
+) -> None:
+    """Write Spec-Bench answer files (one per method, vanilla included) that its evaluation/speed.py reads."""
+    from specbench.export import FORMATS, export_spec_bench
+
+    if format not in FORMATS:
+        raise SpecbenchError(f"unknown export format {format!r}; known: {', '.join(FORMATS)}")
+    written = export_spec_bench(results, out, tokenizer, data_dir)
+    for path in written:
+        console.print(str(path))
+
+
+@list_app.command("presets")
+def list_presets() -> None:
+    """Paper presets for `specbench reproduce`."""
+    from specbench.preset import list_presets as presets
+
+    table = Table("preset", "table", "targets", "metric")
+    for p in presets():
+        table.add_row(p["name"], p["title"], ", ".join(t["id"] for t in p["targets"]), p["metric"]["name"])
+    console.print(table)
 
 
 @list_app.command("methods")

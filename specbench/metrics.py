@@ -129,3 +129,66 @@ def harness_overhead(records: Iterable[GenerationRecord]) -> float:
     decode = sum(r.decode_time for r in records)
     forwards = sum(sum(r.forward_times.values()) for r in records)  # decode-phase forwards only
     return max(decode - forwards, 0.0) / decode if decode > 0 else float("nan")
+
+
+# ---- the papers' own metrics (where they differ from ours) ---------------------------------------
+
+def mean_time_per_token(records: Iterable[GenerationRecord], decode_only: bool = True) -> float:
+    """Mean over records of each record's seconds per output token (DFlash/DDTree average per response).
+
+    Decode-only leaves out prefill and its token, as DDTree's decode timing does."""
+    per = []
+    for r in records:
+        tokens = r.num_new - 1 if decode_only else r.num_new
+        seconds = r.decode_time if decode_only else r.total_time
+        if tokens > 0 and seconds > 0:
+            per.append(seconds / tokens)
+    return sum(per) / len(per) if per else float("nan")
+
+
+def tpot_speedup(method: Sequence[GenerationRecord], baseline: Sequence[GenerationRecord],
+                 decode_only: bool = True) -> float:
+    """Baseline mean time per token over the method's, on the prompt turns both ran."""
+    pairs = matched(method, baseline)
+    if not pairs:
+        return float("nan")
+    return mean_time_per_token([b for _, b in pairs], decode_only) / mean_time_per_token([m for m, _ in pairs], decode_only)
+
+
+def ddtree_speedup(method: Sequence[GenerationRecord],
+                   baselines: dict[str, Sequence[GenerationRecord]]) -> tuple[float, str]:
+    """DDTree's speedup: decode-only mean time per token against the *faster* vanilla baseline among the
+    attention implementations run (SDPA and flash-attention-2, App. B). ``baselines`` maps the attention
+    implementation to that baseline's records. Returns (speedup, the implementation used)."""
+    best, used = float("nan"), ""
+    for attn, base in sorted(baselines.items()):
+        pairs = matched(method, base)
+        if not pairs:
+            continue
+        tpot = mean_time_per_token([b for _, b in pairs])
+        if not used or tpot < best:
+            best, used = tpot, attn
+    if not used:
+        return float("nan"), ""
+    pairs = matched(method, baselines[used])
+    return best / mean_time_per_token([m for m, _ in pairs]), used
+
+
+def question_speeds(records: Iterable[GenerationRecord]) -> dict[tuple[str, str], float]:
+    """Tokens/s per question, its turns summed (Spec-Bench speed.py: sum(new_tokens) / sum(wall_time))."""
+    tokens: Counter = Counter()
+    seconds: Counter = Counter()
+    for r in records:
+        tokens[(r.bench, r.prompt_id)] += r.num_new
+        seconds[(r.bench, r.prompt_id)] += r.total_time
+    return {q: tokens[q] / seconds[q] for q in tokens if seconds[q] > 0}
+
+
+def spec_bench_speedup(method: Sequence[GenerationRecord], baseline: Sequence[GenerationRecord]) -> float:
+    """Spec-Bench's speedup: mean over questions of the method's tokens/s over the same mean for the
+    baseline (a ratio of per-question means, not of pooled throughputs), on the questions both ran."""
+    ours, theirs = question_speeds(method), question_speeds(baseline)
+    common = sorted(set(ours) & set(theirs))
+    if not common:
+        return float("nan")
+    return (sum(ours[q] for q in common) / len(common)) / (sum(theirs[q] for q in common) / len(common))

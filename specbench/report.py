@@ -787,10 +787,12 @@ class Report:
     ablation: Table | None
     papers: Table | None
     rank: Table | None = None
+    paper_metric: Table | None = None
 
     @property
     def tables(self) -> list[Table]:
-        return [t for t in (self.main, self.companion, self.ablation, self.rank, self.papers) if t is not None]
+        return [t for t in (self.main, self.companion, self.ablation, self.rank, self.papers, self.paper_metric)
+                if t is not None]
 
 
 def build_report(results: PathSpec, paper_numbers: str | Path | None = DEFAULT_PAPER_NUMBERS,
@@ -806,7 +808,7 @@ def build_report(results: PathSpec, paper_numbers: str | Path | None = DEFAULT_P
         papers = paper_comparison_table(cells, methods, load_paper_numbers(paper_numbers), files,
                                         prov + [f"paper numbers: {Path(paper_numbers).name}"])
     return Report(files, blocks, cells, methods, main_table(cells, methods, prov), companion_table(cells, prov),
-                  ablation_table(cells, prov), papers, rank_head_table(blocks, prov))
+                  ablation_table(cells, prov), papers, rank_head_table(blocks, prov), paper_metric_table(files))
 
 
 _CSS = """body{font-family:system-ui,sans-serif;margin:2em;color:#222;max-width:1400px}
@@ -855,3 +857,76 @@ def write_report(results_glob_or_paths: PathSpec = "results/*.jsonl", out_dir: s
     index.write_text(render_index_html(report, [p for p in figure_paths if p.suffix == ".png"]), encoding="utf-8")
     written.append(index)
     return sorted(written)
+
+
+# ------------------------------------------------------------------------------- paper metrics (presets)
+
+PAPER_METRIC_LABELS = {
+    "end_to_end_speedup": "end-to-end tokens/s ratio, pooled; τ pooled",
+    "ddtree_decode_speedup": "decode-only mean time/token vs the faster vanilla; τ per response (macro)",
+    "spec_bench_speedup": "Spec-Bench speed.py: mean per-question tokens/s ratio; MAT pooled",
+}
+
+
+def paper_metric_cells(files: Sequence[ResultFile]) -> pd.DataFrame:
+    """For runs made by a paper preset (header ``preset``): each method's speedup and τ computed the way
+    that paper computes them, beside our headline (end-to-end pooled speedup, pooled τ). Vanilla runs
+    are told apart by the header's attention implementation (DDTree takes the faster one)."""
+    from specbench.preset import load_preset
+
+    groups: dict[tuple, dict[str, list]] = {}
+    for f in files:
+        preset = f.meta.get("preset")
+        if not preset or not f.records:
+            continue
+        attn = str(f.meta.get("attn_implementation", "sdpa"))
+        for r in f.records:
+            g = groups.setdefault((preset, *f.block, r.bench), {"methods": {}, "baselines": {}})
+            if r.method == VANILLA:
+                g["baselines"].setdefault(attn, []).append(r)
+            else:
+                g["methods"].setdefault(r.method, []).append(r)
+    rows = []
+    for (preset, target, temp, bench), g in sorted(groups.items()):
+        try:
+            metric = load_preset(preset)["metric"]["name"]
+        except SpecbenchError:
+            metric = "unknown preset"
+        sdpa = g["baselines"].get("sdpa") or next(iter(g["baselines"].values()), [])
+        for method, recs in sorted(g["methods"].items()):
+            used = "sdpa" if "sdpa" in g["baselines"] else next(iter(g["baselines"]), "")
+            if metric == "ddtree_decode_speedup":
+                spd, used = metrics.ddtree_speedup(recs, g["baselines"])
+                tau = metrics.tau_macro(recs)
+                if len(g["baselines"]) < 2:
+                    used += " (only baseline run)"
+            elif metric == "spec_bench_speedup":
+                spd, tau = metrics.spec_bench_speedup(recs, sdpa), metrics.tau(recs)
+            else:
+                spd, tau = metrics.speedup(recs, sdpa), metrics.tau(recs)
+            rows.append(dict(preset=preset, target=target, temperature=temp, bench=bench, method=method,
+                             metric=metric, paper_speedup=spd, paper_tau=tau, speedup=metrics.speedup(recs, sdpa),
+                             tau=metrics.tau(recs), baseline=used, n_turns=len(recs)))
+    return pd.DataFrame(rows)
+
+
+def paper_metric_table(files: Sequence[ResultFile]) -> Table | None:
+    """The 'paper metric' table: one section per preset, target and temperature; None without preset runs."""
+    cells = paper_metric_cells(files)
+    if cells.empty:
+        return None
+    columns = ["Bench", "Method", "Turns", "Spd", "τ", "Spd", "τ", "Baseline"]
+    groups = [("", 3), ("paper's metric", 2), ("ours", 2), ("", 1)]
+    sections = []
+    for (preset, target, temp), block in cells.groupby(["preset", "target", "temperature"], sort=True):
+        rows = [[Cell(bench_label(r.bench)), Cell(r.method), Cell(str(r.n_turns)), Cell(fmt_spd(r.paper_speedup)),
+                 Cell(fmt_tau(r.paper_tau)), Cell(fmt_spd(r.speedup)), Cell(fmt_tau(r.tau)), Cell(r.baseline or DASH)]
+                for r in block.sort_values(["bench", "method"], key=lambda s: s.map(str)).itertuples()]
+        metric = block.metric.iloc[0]
+        sections.append((f"{preset}: {target}, T = {temp:g}; paper metric {metric} "
+                         f"({PAPER_METRIC_LABELS.get(metric, '?')})", rows))
+    notes = ["'paper's metric' is computed the way the preset's paper computes it (its metric is named in each "
+             "section); 'ours' is specbench's headline: end-to-end pooled tokens/s ratio and pooled τ, against the "
+             "SDPA vanilla side. Baseline = the vanilla run the paper's speedup used."]
+    return Table("paper_metric", "Runs of paper presets: the paper's metric beside ours", columns, groups, sections,
+                 cells, notes, provenance_lines(files), align="llrrrrrl")

@@ -63,6 +63,7 @@ class RunConfig:
     sweep: str | None = None  # "key=v1,v2,...": one side per value
     also: list[str] = field(default_factory=list)  # more sides: "name" or "name@key=value@key=value"
     passes: int = 1  # times the query stream is repeated (learning drafters keep their state)
+    preset: str | None = None  # the paper preset this run belongs to (written to the header; not in the hash)
 
     @property
     def method_label(self) -> str:
@@ -172,7 +173,10 @@ class Runner:
                                       category=cfg.category)
         self.queries: list[Query] = build_queries(prompts, cfg.passes)
         self.bench = prompts[0].bench if prompts else stream_name(cfg.bench)
-        meta = {**cfg.identity(), "method_options": {spec.label: asdict(opts) for spec, _, opts in parsed},
+        if cfg.attn_implementation == "flash_attention_2" and any(s.method != BASELINE for s in specs):
+            raise SpecbenchError("--attn flash_attention_2 cannot verify draft trees; use it only for a vanilla-only "
+                                 "run (--method vanilla --baseline none)")
+        meta = {**cfg.identity(), **({"preset": cfg.preset} if cfg.preset else {}), "method_options": {spec.label: asdict(opts) for spec, _, opts in parsed},
                 "config_hash": config_hash(cfg.identity()), "stream": [q.prompt.id for q in self.queries]}
         self.store = RunStore(cfg.out or default_out(cfg), meta, resume=cfg.resume, overwrite=cfg.overwrite)
         self.target = Target.load(cfg.target, cfg.dtype, cfg.device, cfg.attn_implementation)

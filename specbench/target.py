@@ -190,9 +190,11 @@ class Target:
     @classmethod
     def load(cls, spec: str = DEFAULT_TARGET, dtype: str | torch.dtype = "bfloat16", device: str = "cpu",
              attn_implementation: str = "sdpa") -> "Target":
-        if attn_implementation not in ("sdpa", "eager"):
-            # FlashAttention kernels cannot take the 4-D tree mask that verify needs.
-            raise SpecbenchError(f"attention implementation {attn_implementation!r} cannot verify trees; use sdpa or eager")
+        if attn_implementation not in ("sdpa", "eager", "flash_attention_2"):
+            # FlashAttention kernels cannot take the 4-D tree mask that verify needs: flash_attention_2 is
+            # accepted only for vanilla-only baseline runs (the runner refuses it with any drafter).
+            raise SpecbenchError(f"attention implementation {attn_implementation!r} cannot verify trees; use sdpa or eager "
+                                 "(flash_attention_2 for a vanilla-only baseline)")
         model, tok = load_causal_lm(spec, dtype, device, attn_implementation)
         return cls(model, tok, name=spec)
 

@@ -1,0 +1,243 @@
+"""Paper presets: the dry-run plans print the papers' settings, plans expand into the right RunConfigs,
+bad input fails in one line, and the papers' metrics are computed as the papers compute them."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from specbench import metrics
+from specbench.cli import main
+from specbench.preset import build_plan, frame, load_preset, preset_names, select_prompts
+from specbench.benchmarks import Prompt
+from specbench.records import GenerationRecord
+from specbench.report import ResultFile, paper_metric_cells, paper_metric_table, render_markdown
+from specbench.runner import parse_also, run_sides
+
+
+def cli(args: list[str], capsys) -> tuple[int, str, str]:
+    argv = sys.argv
+    sys.argv = ["specbench", *args]
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        sys.argv = argv
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+# ------------------------------------------------------------------------------------------ dry runs
+
+def test_specblock_table1_dry_run_prints_the_papers_settings(capsys, tmp_path):
+    code, out, _ = cli(["reproduce", "specblock-table1", "--target", "meta-llama/Llama-3.1-8B-Instruct", "--dry-run",
+                        "--out-dir", str(tmp_path / "r")], capsys)
+    assert code == 0
+    assert "max new tokens: 1024" in out  # App. A.4 / harness README
+    assert "temperatures: 0, 1" in out  # §4.1
+    for line in ("humaneval: 164 prompts, 164 turns", "math500: 500 prompts, 500 turns",
+                 "natural_questions: 200 prompts, 200 turns (first 200", "mt_bench: 80 prompts, 160 turns",
+                 "wmt23: 200 prompts, 200 turns (first 200", "alpaca: 80 prompts"):
+        assert line in out
+    assert "specblock: specblock path=weijiezz/SpecBlock-Llama-3.1-8B-Instruct blocks=2 beam_width=10 budget=90" in out
+    assert "eagle3: eagle3 path=weijiezz/EAGLE3-Llama-3.1-8B-Instruct depth=7 top_k=4 total_tokens=20" in out
+    assert "sps: sps draft=meta-llama/Llama-3.2-1B" in out
+    assert "NOT RUN medusa" in out and "specbench train medusa" in out
+    assert "paper metric: end_to_end_speedup" in out
+    assert "runs (12 results files)" in out  # 6 benches x 2 temperatures
+    assert "~38,081 at the paper's tau 4.41" in out  # HumanEval: 164 turns x 1024 / Table 1 mean tau
+    assert not (tmp_path / "r").exists()  # a dry run writes nothing
+
+
+def test_ddtree_table1_dry_run_prints_the_papers_settings(capsys, tmp_path):
+    code, out, _ = cli(["run", "--preset", "ddtree-table1", "--target", "Qwen/Qwen3-8B", "--dry-run",
+                        "--out", str(tmp_path / "r")], capsys)
+    assert code == 0
+    assert "max new tokens: 2048" in out  # App. B
+    assert "temperatures: 0, 1" in out
+    assert "math500: 128 prompts, 128 turns (shuffle(seed=0).select(128)" in out  # Table 2 + benchmark.py
+    assert "gsm8k: 128 prompts, 128 turns (shuffle(seed=0).select(128)" in out
+    assert "humaneval: 164 prompts" in out and "mt_bench: 80 prompts, 160 turns" in out
+    assert "ddtree path=z-lab/Qwen3-8B-DFlash-b16 budget=16|32|64|128|256|512|1024" in out
+    assert "dflash: dflash path=z-lab/Qwen3-8B-DFlash-b16" in out
+    assert "{'enable_thinking': False}" in out
+    assert "vanilla baselines: sdpa, flash_attention_2" in out
+    assert "paper metric: ddtree_decode_speedup" in out
+    assert "aime24: paper n=30; NOT RUN" in out
+    assert "runs (20 results files)" in out  # 5 benches x 2 temperatures x (main + flash-attention vanilla)
+    assert not (tmp_path / "r").exists()
+
+
+def test_unknown_preset_is_one_line_exit_2_and_writes_nothing(capsys, tmp_path):
+    code, out, err = cli(["reproduce", "specblok-table1", "--target", "x", "--out-dir", str(tmp_path / "r")], capsys)
+    assert code == 2
+    assert err.strip().count("\n") == 0 and "unknown preset 'specblok-table1'" in err and "specblock-table1" in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_list_presets(capsys):
+    code, out, _ = cli(["list", "presets"], capsys)
+    assert code == 0
+    for name in ("specblock-table1", "ddtree-table1", "pacer-table1", "dvi-table2"):
+        assert name in out
+    assert set(preset_names()) >= {"specblock-table1", "ddtree-table1", "pacer-table1", "dvi-table2"}
+
+
+def test_every_preset_cites_its_settings():
+    for name in preset_names():
+        p = load_preset(name)
+        for key in ("temperatures_source", "max_new_tokens_source", "dtype_source"):
+            assert p.get(key), (name, key)
+        assert p["metric"].get("source")
+        assert all(b.get("source") for b in p["benches"]), name
+        assert all(m.get("source") for m in p["methods"]), name
+        for t in p["targets"]:
+            for d in t["drafters"].values():
+                assert d.get("source") and (d.get("train") or {k for k in d if k not in ("source", "revision")})
+
+
+# ------------------------------------------------------------------------------------------ plan -> RunConfigs
+
+def test_plan_expands_into_run_configs(tmp_path):
+    plan = build_plan("specblock-table1", "Qwen/Qwen3-8B", limit=3, out_dir=tmp_path)
+    assert len(plan.runs) == 12
+    run = next(r for r in plan.runs if r.bench == "humaneval" and r.temperature == 1.0)
+    cfg = run.cfg
+    assert (cfg.method, cfg.label, cfg.temperature, cfg.max_new_tokens, cfg.preset) == \
+           ("specblock", "specblock", 1.0, 1024, "specblock-table1")
+    assert cfg.options == {"path": "weijiezz/SpecBlock-Qwen3-8B", "blocks": "2", "beam_width": "10", "budget": "90"}
+    assert cfg.bench == str(tmp_path / "prompts" / "specblock-table1" / "humaneval.jsonl")
+    assert cfg.out == str(tmp_path / "specblock-table1_humaneval_Qwen3-8B_T1.jsonl")
+    # EAGLE-3 has no published Qwen3-8B drafter in the release: not run, with the training command.
+    assert [label for label, _ in plan.skipped][:1] == ["eagle3"]
+    sides = run_sides(cfg)
+    assert [s.label for s in sides] == ["specblock", "sps"]
+    assert sides[1].options == {"draft": "Qwen/Qwen3-0.6B"}
+    assert len(next(b for b in plan.benches if b.bench == "mt_bench").prompts) == 3  # --limit after selection
+
+
+def test_plan_sweeps_and_flash_attention_baselines(tmp_path):
+    plan = build_plan("ddtree-table1", "/models/Qwen3-8B", out_dir=tmp_path, drafters={"dflash": "/drafters/dflash"})
+    mains = [r for r in plan.runs if r.cfg.method == "ddtree"]
+    fa2 = [r for r in plan.runs if r.cfg.attn_implementation == "flash_attention_2"]
+    assert len(mains) == len(fa2) == 10
+    assert all(r.cfg.method == "vanilla" and r.cfg.baseline == "none" for r in fa2)
+    sides = run_sides(mains[0].cfg)
+    assert [s.label for s in sides] == [f"ddtree@budget={b}" for b in (16, 32, 64, 128, 256, 512, 1024)] + ["dflash"]
+    assert all(s.options["path"] == "/drafters/dflash" for s in sides)  # --drafter wins; target matched by name
+    assert parse_also(mains[0].cfg.also[-1]).options == {"path": "/drafters/dflash"}
+
+
+def test_pacer_overrides_per_target_and_bench(tmp_path):
+    plan = build_plan("pacer-table1", "meta-llama/Llama-2-70b-chat-hf", out_dir=tmp_path, max_new_tokens=64,
+                      drafters={"pacer": "/runs/pacer"})
+    by_bench = {r.bench: {s.label: s.options for s in run_sides(r.cfg)} for r in plan.runs}
+    assert by_bench["gsm8k"]["pacer"] == {"draft": "meta-llama/Llama-2-7b-chat-hf", "pacer": "/runs/pacer",
+                                          "block": "3", "threshold": "0.65", "rho": "1.05"}  # Table 10
+    assert by_bench["cnn_dailymail"]["pacer"]["block"] == "3"
+    assert [f"sps@gamma={g}" for g in range(1, 11)] == [k for k in by_bench["gsm8k"] if k.startswith("sps")]
+
+
+def test_shuffle_selection_matches_hf_datasets():
+    datasets = pytest.importorskip("datasets")
+    prompts = [Prompt("b", str(i), [f"q{i}"]) for i in range(500)]
+    chosen, how = select_prompts(prompts, {"bench": "b", "n": 128, "select": "shuffle", "seed": 0})
+    hf = datasets.Dataset.from_dict({"i": list(range(500))}).shuffle(seed=0).select(range(128))
+    assert [int(p.id) for p in chosen] == hf["i"]
+    assert how == "shuffle(seed=0).select(128)"
+    assert select_prompts(prompts[:80], {"bench": "b", "n": 128, "select": "shuffle"})[0] == prompts[:80]
+
+
+def test_framing_follows_the_papers(tmp_path):
+    ddtree = build_plan("ddtree-table1", "Qwen/Qwen3-8B", out_dir=tmp_path, limit=2)
+    math = next(b for b in ddtree.benches if b.bench == "math500").prompts[0].turns[0]
+    assert math.endswith("\nPlease reason step by step, and put your final answer within \\boxed{}.")
+    he = next(b for b in ddtree.benches if b.bench == "humaneval").prompts[0].turns[0]
+    assert he.startswith("Write a solution to the following problem and make sure that it passes the tests:\n```python\n")
+    specblock = build_plan("specblock-table1", "meta-llama/Llama-3.1-8B-Instruct", out_dir=tmp_path, limit=1)
+    bench = {b.bench: b.prompts[0] for b in specblock.benches}
+    assert bench["humaneval"].turns[0] == bench["humaneval"].meta["prompt"]  # raw prompt, no EAGLE instruction
+    assert bench["natural_questions"].turns[0] == "when was the last time anyone was on the moon"
+    assert bench["wmt23"].turns[0].startswith("Translate the following German text to English:\n\n")
+    assert frame(Prompt("b", "1", ["a", "b"]), "{turn}!").turns == ["a!", "b!"]
+
+
+# ------------------------------------------------------------------------------------------ a real tiny run
+
+def test_reproduce_runs_the_plan_on_a_tiny_target(models, tmp_path, capsys):
+    out = tmp_path / "r"
+    code, stdout, err = cli(["reproduce", "dvi-table2", "--target", models["deep"], "--limit", "1", "--max-new-tokens",
+                             "4", "--dtype", "float32", "--out-dir", str(out)], capsys)
+    assert code == 0, err
+    files = sorted(out.glob("*.jsonl"))
+    assert [f.name for f in files] == ["dvi-table2_spec_bench_deep_T0.jsonl"]
+    lines = [json.loads(x) for x in files[0].read_text().splitlines()]
+    assert lines[0]["meta"]["preset"] == "dvi-table2"
+    records = [x for x in lines if x.get("type") == "record"]
+    assert {r["method"] for r in records} == {"dvi", "vanilla"}
+    assert {(r["prompt_id"], r["turn"]) for r in records} == {("81", 0), ("81", 1)}  # MT-Bench's two turns
+    assert all(len(r["new_tokens"]) <= 4 for r in records)
+    # The report names the paper's metric; the export gives Spec-Bench files for both sides.
+    from specbench.report import build_report
+
+    table = build_report(files, paper_numbers=None, reps=0).paper_metric
+    assert table is not None and "spec_bench_speedup" in render_markdown(table)
+    code, stdout, err = cli(["export", "--format", "spec-bench", str(files[0]), "--out", str(tmp_path / "sb")], capsys)
+    assert code == 0, err
+    assert sorted(p.name for p in (tmp_path / "sb").iterdir()) == ["deep-dvi-temperature-0.jsonl",
+                                                                  "deep-vanilla-temperature-0.jsonl"]
+
+
+# ------------------------------------------------------------------------------------------ the papers' metrics
+
+def rec(method, pid, n_new, decode, prefill=0.1, accept=(), turn=0, bench="b"):
+    """A record with n_new tokens, `decode` seconds of decode spread over draft/verify, and accept lengths."""
+    return GenerationRecord(method=method, new_tokens=list(range(n_new)), prompt_tokens=5, stop_reason="length",
+                            times={"prefill": prefill, "draft": decode / 4, "verify": decode * 3 / 4},
+                            n_verify=len(accept), accept_lengths=list(accept), tree_sizes=[], depth_attempts=[],
+                            depth_accepts=[], bench=bench, prompt_id=pid, turn=turn)
+
+
+def test_ddtree_speedup_uses_the_faster_baseline_and_mean_time_per_token():
+    method = [rec("ddtree", "a", 11, 1.0, accept=[4, 4]), rec("ddtree", "b", 21, 1.0, accept=[9, 0, 9])]
+    sdpa = [rec("vanilla", "a", 11, 4.0), rec("vanilla", "b", 21, 8.0)]
+    fa2 = [rec("vanilla", "a", 11, 3.0), rec("vanilla", "b", 21, 6.0)]
+    # Decode-only time per token: method (0.1 + 0.05) / 2, fa2 (0.3 + 0.3) / 2, sdpa (0.4 + 0.4) / 2.
+    assert metrics.mean_time_per_token(method) == pytest.approx(0.075)
+    spd, used = metrics.ddtree_speedup(method, {"sdpa": sdpa, "flash_attention_2": fa2})
+    assert used == "flash_attention_2" and spd == pytest.approx(0.3 / 0.075)
+    assert metrics.ddtree_speedup(method, {"sdpa": sdpa}) == (pytest.approx(0.4 / 0.075), "sdpa")
+    # tau per response (macro) vs pooled: (10/2 + 21/3) / 2 vs 31 / 5.
+    assert metrics.tau_macro(method) == pytest.approx(6.0)
+    assert metrics.tau(method) == pytest.approx(31 / 5)
+
+
+def test_spec_bench_speedup_is_a_ratio_of_per_question_means():
+    method = [rec("m", "1", 10, 0.9), rec("m", "1", 10, 0.9, turn=1), rec("m", "2", 30, 0.9)]
+    base = [rec("vanilla", "1", 10, 1.9), rec("vanilla", "1", 10, 1.9, turn=1), rec("vanilla", "2", 30, 4.9)]
+    # Per question: method 20/2 and 30/1; vanilla 20/4 and 30/5.
+    assert metrics.spec_bench_speedup(method, base) == pytest.approx(((10 + 30) / 2) / ((5 + 6) / 2))
+    assert metrics.speedup(method, base) == pytest.approx((50 / 3) / (50 / 9))  # ours: pooled
+
+
+def test_report_paper_metric_table_names_the_metric_used():
+    def result(name, preset, attn, records):
+        meta = {"target": "Qwen3-8B", "temperature": 0.0, "preset": preset, "attn_implementation": attn}
+        return ResultFile(Path(name), meta, tuple(records))
+
+    method = [rec("ddtree@budget=16", "a", 11, 1.0, accept=[4, 4], bench="math500")]
+    files = [result("main.jsonl", "ddtree-table1", "sdpa", method + [rec("vanilla", "a", 11, 4.0, bench="math500")]),
+             result("fa2.jsonl", "ddtree-table1", "flash_attention_2", [rec("vanilla", "a", 11, 3.0, bench="math500")]),
+             result("other.jsonl", None, "sdpa", [rec("vanilla", "x", 3, 1.0)])]
+    cells = paper_metric_cells(files)
+    assert len(cells) == 1
+    row = cells.iloc[0]
+    assert row.metric == "ddtree_decode_speedup" and row.baseline == "flash_attention_2"
+    assert row.paper_speedup == pytest.approx(3.0) and row.paper_tau == pytest.approx(5.0)
+    text = render_markdown(paper_metric_table(files))
+    assert "ddtree_decode_speedup" in text and "3.00×" in text and "flash_attention_2" in text
