@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from dist import torchrun
+from launch import torchrun
 from test_cli import base_args, cli, read
 
 

@@ -9,7 +9,7 @@ import json
 import torch
 
 from ddp_train_worker import train
-from dist import REPO, torchrun
+from launch import REPO, torchrun
 from test_cli import cli
 from test_train_cli import assert_trained, common, lossless, prompt_file
 
