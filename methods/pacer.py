@@ -488,8 +488,10 @@ def train_preverifier(target: Target, examples: list[dict], data_file: Path, dra
         if shuffle_seed is not None:
             random.Random(shuffle_seed).shuffle(chunks)
         for chunk in chunks:
-            mine = chunk[world.rank::world.size] if world is not None else chunk  # this rank's rows
-            yield collate([items[i] for i in mine]) if mine else None
+            mine, filler = distributed.rows_of(chunk, world) if world is not None else (chunk, False)
+            batch = collate([items[i] for i in mine])
+            batch.filler = filler  # a rank without a row of this batch: weight 0
+            yield batch
 
     trainer = Trainer(model, lambda b: pacer_loss(model, b), recipe, out,
                       save=lambda folder: save_preverifier(folder, model, target, draft, recipe.__dict__))

@@ -103,6 +103,14 @@ def shard(items: Sequence[T], world: World) -> list[T]:
     return list(items[world.rank::world.size])
 
 
+def rows_of(batch: Sequence[T], world: World) -> tuple[list[T], bool]:
+    """This rank's rows of a global batch (rank, rank + N, ...) and whether they are a filler: a
+    rank left without a row takes the first one, to be weighted 0, so that every rank runs every
+    step's loss (losses that count their own steps stay in step)."""
+    mine = list(batch[world.rank::world.size])
+    return (mine, False) if mine else (list(batch[:1]), True)
+
+
 def all_gather_object(obj):
     """Every rank's ``obj``, in rank order (``[obj]`` for a world of one)."""
     world = current()

@@ -18,7 +18,7 @@ from specbench.training.trainer import Recipe, Trainer  # noqa: E402
 from test_training import examples  # noqa: E402
 from tiny import tiny_target  # noqa: E402
 
-EXAMPLES, BATCH = 9, 4  # global batches of 4, 4 and 1 rows: the last leaves rank 1 without a row
+EXAMPLES, BATCH = 9, 4  # global batches of 4, 4 and 1 rows: rank 1 gets a filler (weight 0) for the last
 
 
 def train(out: Path) -> None:

@@ -79,7 +79,9 @@ def evaluate(loss_fn: LossFn, batches: Iterable[TrainBatch]) -> dict[str, float]
 
 def batch_weight(batch) -> float:
     """How much of the global batch one rank's mean loss stands for: its loss-bearing tokens
-    (``loss_mask``), or its labelled rows (``labels >= 0``), else its rows."""
+    (``loss_mask``), or its labelled rows (``labels >= 0``), else its rows; 0 for a filler."""
+    if getattr(batch, "filler", False):
+        return 0.0
     mask = getattr(batch, "loss_mask", None)
     if mask is None and getattr(batch, "labels", None) is not None:
         mask = batch.labels >= 0
@@ -140,16 +142,19 @@ class Trainer:
             p.grad = (flat[offset: offset + n] / total).view_as(p).to(p.dtype) if flag > 0 else None
             offset += n
 
-    def _mean_metrics(self, weight: float, metrics: dict[str, float]) -> dict[str, float]:
-        """Metrics of the global batch: every rank's, weighted like its gradient."""
+    def _mean_metrics(self, weight: float, metrics: dict[str, float], loss: float) -> tuple[dict[str, float], float]:
+        """Metrics and loss of the global batch: every rank's, weighted like its gradient."""
         sums: dict[str, float] = {}
         weights: dict[str, float] = {}
-        for w, m in distributed.all_gather_object((weight, {k: float(v) for k, v in metrics.items()})):
+        gathered = distributed.all_gather_object((weight, loss, {k: float(v) for k, v in metrics.items()}))
+        for w, _, m in gathered:
             for k, v in m.items():
                 if w > 0:
                     sums[k] = sums.get(k, 0.0) + w * v
                     weights[k] = weights.get(k, 0.0) + w
-        return {k: sums[k] / weights[k] for k in sums}
+        total = sum(w for w, _, _ in gathered)
+        mean_loss = sum(w * x for w, x, _ in gathered) / total if total > 0 else loss
+        return {k: sums[k] / weights[k] for k in sums}, mean_loss
 
     def fit(self, train_batches: Callable[[int], Iterator[TrainBatch]], steps_per_epoch: int,
             eval_batches: Callable[[], Iterable[TrainBatch]] | None = None) -> dict[str, float]:
@@ -177,15 +182,14 @@ class Trainer:
                         break
                     self.module.train()
                     self.optimizer.zero_grad(set_to_none=True)
-                    metrics, weight = {}, 0.0
-                    if batch is not None:  # None: this rank has no rows of the global batch
-                        with autocast:
-                            loss, metrics = self.loss_fn(batch)
-                        loss.backward()
-                        metrics, weight = {"loss": float(loss.detach()), **metrics}, batch_weight(batch)
-                    if self.world.active:
+                    with autocast:
+                        loss, metrics = self.loss_fn(batch)
+                    loss.backward()
+                    shown = float(loss.detach())
+                    if self.world.active:  # data parallel: the gradient and metrics of the global batch
+                        weight = batch_weight(batch)
                         self._sync_grads(weight)
-                        metrics = self._mean_metrics(weight, metrics)
+                        metrics, shown = self._mean_metrics(weight, metrics, shown)
                     norm = torch.nn.utils.clip_grad_norm_([p for p in self.module.parameters() if p.requires_grad],
                                                           r.grad_clip)
                     self.optimizer.step()
@@ -194,7 +198,7 @@ class Trainer:
                     self._log({"step": self.step, "epoch": epoch, "lr": scheduler.get_last_lr()[0],
                                "grad_norm": float(norm), "elapsed_s": round(time.time() - start, 1),
                                **{k: float(v) for k, v in metrics.items()}})
-                    progress.update(task, advance=1, loss=f"loss {metrics.get('loss', float('nan')):.3f}")
+                    progress.update(task, advance=1, loss=f"loss {shown:.3f}")
                     if eval_batches and self.world.main and (self.step % r.eval_every == 0 or self.step == total):
                         self.module.eval()
                         self._log({"step": self.step, "eval": evaluate(self.loss_fn, eval_batches())})
