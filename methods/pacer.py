@@ -460,9 +460,12 @@ def train_preverifier(target: Target, examples: list[dict], data_file: Path, dra
                       use_pos: bool, recipe, out: Path, held_out: float) -> dict:
     import random
 
+    from specbench import distributed
     from specbench.training.trainer import Trainer
 
-    packed, draft_model = replay_dataset(target, examples, data_file, draft, window)
+    world = distributed.current()  # under torchrun: rank 0 replays (and caches) first; ranks split each batch
+    with distributed.main_first():
+        packed, draft_model = replay_dataset(target, examples, data_file, draft, window)
     replay_s = packed[0].get("replay_s")
     random.Random(recipe.seed).shuffle(packed)
     n_eval = max(1, int(len(packed) * held_out))
@@ -471,24 +474,30 @@ def train_preverifier(target: Target, examples: list[dict], data_file: Path, dra
     stats = {"train_steps": sum(len(p["steps"]) for p in trains), "train_rows": int(labels.numel()),
              "train_positive_rate": float(labels.mean()), "replay_s": replay_s}
     recipe.extra.update({"data": str(data_file), "train_examples": len(trains), "eval_examples": len(evals), **stats})
+    if world.active:
+        recipe.extra["processes"] = world.size
     model = PreVerifier(draft_model.config, window, use_pos).float()
     model.init_from_draft(draft_model)
     model.body.embed_tokens.weight.requires_grad_(False)
     recipe.extra["parameters"] = model.trainable_parameters()
     bs = recipe.batch_size
 
-    def batches(items, shuffle_seed=None):
+    def batches(items, shuffle_seed=None, world=None):
         order = sorted(range(len(items)), key=lambda i: items[i]["hidden"].shape[0])  # similar lengths together
         chunks = [order[i: i + bs] for i in range(0, len(order), bs)]
         if shuffle_seed is not None:
             random.Random(shuffle_seed).shuffle(chunks)
         for chunk in chunks:
-            yield collate([items[i] for i in chunk])
+            mine, filler = distributed.rows_of(chunk, world) if world is not None else (chunk, False)
+            batch = collate([items[i] for i in mine])
+            batch.filler = filler  # a rank without a row of this batch: weight 0
+            yield batch
 
     trainer = Trainer(model, lambda b: pacer_loss(model, b), recipe, out,
                       save=lambda folder: save_preverifier(folder, model, target, draft, recipe.__dict__))
-    final = trainer.fit(lambda epoch: batches(trains, epoch), (len(trains) + bs - 1) // bs, lambda: batches(evals))
-    folder = Path(out) / "drafter"
-    (folder / "eval.json").write_text(json.dumps(final, indent=2) + "\n")
-    write_card(folder, final, stats)
+    final = trainer.fit(lambda epoch: batches(trains, epoch, world), (len(trains) + bs - 1) // bs, lambda: batches(evals))
+    if world.main:
+        folder = Path(out) / "drafter"
+        (folder / "eval.json").write_text(json.dumps(final, indent=2) + "\n")
+        write_card(folder, final, stats)
     return final

@@ -68,6 +68,8 @@ def run(
     label: Optional[str] = typer.Option(None, help="Method label in records and tables (default: method name)."),
     dtype: str = typer.Option("bfloat16", help="float32 for exactness checks, bfloat16 for speed."),
     device: str = typer.Option("cuda" if os.environ.get("CUDA_VISIBLE_DEVICES") else "cpu", help="cpu or cuda."),
+    device_map: Optional[str] = typer.Option(None, help="auto: spread a target larger than one GPU over the visible "
+                                                        "GPUs with accelerate (one process; on CPU a pass-through)."),
     attn: str = typer.Option("sdpa", help="Attention implementation of the target: sdpa or eager."),
     data_dir: Optional[str] = typer.Option(None, help="Folder of benchmark JSONL files (else $SPECBENCH_DATA)."),
     system_prompt: Optional[str] = typer.Option(None, help="System prompt for the chat template."),
@@ -91,17 +93,46 @@ def run(
         raise SpecbenchError("run needs --method and --bench (or --preset PRESET)")
 
     cfg = RunConfig(method=method, bench=bench, options=_parse_opts(opt, config), label=label, target=target,
-                    dtype=dtype, device=device, attn_implementation=attn, temperature=temperature, top_k=top_k,
+                    dtype=dtype, device=device, device_map=device_map, attn_implementation=attn, temperature=temperature, top_k=top_k,
                     top_p=top_p, max_new_tokens=max_new_tokens, seed=seed, baseline=baseline, limit=limit,
                     sample=sample, category=category, data_dir=data_dir, system_prompt=system_prompt,
                     on_long_prompt=on_long_prompt, out=str(out) if out else None, resume=resume,
                     overwrite=overwrite, warmup=warmup, sweep=sweep, also=list(also), passes=passes)
     runner = Runner(cfg, err)
     records = runner.run()
+    if not runner.world.main:
+        return  # under torchrun rank 0 merges the parts and prints the summary
     console.print(summary_table(records, temperature))
     if runner.skipped:
         err.print(f"[yellow]skipped {len(runner.skipped)} prompt(s) past the context window[/]")
-    console.print(f"records: {runner.store.path}")
+    console.print(f"records: {runner.out}")
+
+
+@app.command()
+def merge(
+    parts: list[str] = typer.Argument(None, help="Part files (OUT.part-RofN; globs work). Default: every part of --out, "
+                                               "plus --out itself if it exists."),
+    out: Path = typer.Option(..., help="Merged results file."),
+    overwrite: bool = typer.Option(False, help="Replace --out when it is not one of the inputs."),
+) -> None:
+    """Merge the parts of a run sharded with torchrun into one results file in query order (what
+    rank 0 does at the end of such a run; for parts left by a run that did not finish merging)."""
+    import glob
+
+    from specbench.merge import find_parts, merge_runs, write_run
+
+    if parts:
+        sources = [Path(p) for pattern in parts for p in (sorted(glob.glob(pattern)) or [pattern])]
+    else:
+        sources = find_parts(out) + ([out] if out.exists() else [])
+        if not sources:
+            raise SpecbenchError(f"no part files of {out} found ({out.name}.part-RofN); name the parts to merge")
+    if out.exists() and out not in sources and not overwrite:
+        raise SpecbenchError(f"{out} already exists; pass --overwrite to replace it, or add it to the inputs")
+    meta, lines = merge_runs(sources)
+    write_run(out, meta, lines)
+    n = sum(1 for o in lines if o["type"] == "record")
+    console.print(f"merged {n} records from {len(sources)} files -> {out}")
 
 
 def _parse_drafters(items: list[str]) -> dict[str, str]:
@@ -252,6 +283,10 @@ def main() -> None:
     except KeyboardInterrupt:
         err.print("interrupted; rerun with --resume to continue")
         sys.exit(130)
+    finally:
+        from specbench import distributed
+
+        distributed.shutdown()
 
 
 if __name__ == "__main__":

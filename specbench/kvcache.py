@@ -17,7 +17,9 @@ def seq_length(cache) -> int:
 def _compact(t: torch.Tensor, start: int, rows: torch.Tensor | None, new_len: int) -> torch.Tensor:
     if rows is None:
         return t[:, :, :new_len]
-    kept = t.index_select(2, rows + start)  # a copy, so the in-place write below cannot alias
+    # A copy, so the in-place write below cannot alias; rows move to this layer's device (a
+    # device_map target keeps each layer's cache on that layer's GPU).
+    kept = t.index_select(2, rows.to(t.device) + start)
     t = t[:, :, :new_len]
     t[:, :, start:new_len] = kept
     return t

@@ -91,6 +91,7 @@ class RunStore:
         self.path = Path(path)
         self.meta = meta
         self.done: dict[RecordKey, GenerationRecord] = {}
+        self.skipped: set[RecordKey] = set()  # turns recorded as skipped (part files of a sharded run)
         if self.path.exists() and self.path.stat().st_size > 0:
             if resume:
                 self._load_existing()
@@ -103,19 +104,33 @@ class RunStore:
             pass  # nothing to resume: start fresh
         self._open()
 
-    def _load_existing(self) -> None:
-        objects, good = _read_lines(self.path)
+    @staticmethod
+    def _read_checked(path: Path, expected_hash: str | None) -> tuple[list[dict], int]:
+        objects, good = _read_lines(path)
         header = next((o for o in objects if o.get("type") == "header"), None)
         if header is None:
-            raise SpecbenchError(f"{self.path} has no header line; it is not a specbench results file")
-        theirs, ours = header["meta"].get("config_hash"), self.meta.get("config_hash")
-        if theirs != ours:
-            raise SpecbenchError(f"{self.path} was written by a different configuration (config {theirs}, now {ours}); "
-                                 "rerun with the same options or write to a new --out")
+            raise SpecbenchError(f"{path} has no header line; it is not a specbench results file")
+        theirs = header["meta"].get("config_hash")
+        if theirs != expected_hash:
+            raise SpecbenchError(f"{path} was written by a different configuration (config {theirs}, now "
+                                 f"{expected_hash}); rerun with the same options or write to a new --out")
+        return objects, good
+
+    @classmethod
+    def read_done(cls, path: str | Path, expected_hash: str | None) -> dict[RecordKey, GenerationRecord]:
+        """The finished records of another file of the same run (read only)."""
+        objects, _ = cls._read_checked(Path(path), expected_hash)
+        records = [GenerationRecord.from_dict(o) for o in objects if o.get("type") == "record"]
+        return {(r.method, r.bench, r.prompt_id, r.turn): r for r in records}
+
+    def _load_existing(self) -> None:
+        objects, good = self._read_checked(self.path, self.meta.get("config_hash"))
         for o in objects:
             if o.get("type") == "record":
                 r = GenerationRecord.from_dict(o)
                 self.done[(r.method, r.bench, r.prompt_id, r.turn)] = r
+            elif o.get("type") == "skip":
+                self.skipped.add((o["method"], o["bench"], o["prompt_id"], o["turn"]))
         with open(self.path, "r+b") as fh:  # drop a torn tail so appends start on a fresh line
             fh.truncate(good)
 
@@ -143,6 +158,14 @@ class RunStore:
     def append(self, record: GenerationRecord) -> None:
         self._write({"type": "record", **record.to_dict()})
         self.done[(record.method, record.bench, record.prompt_id, record.turn)] = record
+
+    def skip(self, method: str, bench: str, prompt_id: str, turn: int, query_index: int) -> None:
+        """Note a turn the run skipped (too long for the context), once."""
+        key = (method, bench, prompt_id, turn)
+        if key not in self.skipped:
+            self._write({"type": "skip", "method": method, "bench": bench, "prompt_id": prompt_id, "turn": turn,
+                         "query_index": query_index})
+            self.skipped.add(key)
 
     def close(self) -> None:
         self.fh.close()

@@ -5,7 +5,11 @@ a results file that a rerun resumes.
 Sides: the main method (or one side per value of ``--sweep key=v1,v2``, labelled ``method@key=v``)
 plus every ``--also name[@key=value...]``, plus vanilla. Each side is one drafter instance that
 lives for the whole run, so methods that learn while serving see the queries as one stream in the
-recorded order (``--passes N`` repeats it)."""
+recorded order (``--passes N`` repeats it).
+
+Under ``torchrun --nproc-per-node N`` each rank runs queries i with i % N == rank (every side of
+a query on one rank, in the same alternating order), appends to its own part file, and rank 0
+merges the parts into ``--out`` (see ``specbench/merge.py``)."""
 
 from __future__ import annotations
 
@@ -18,11 +22,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from specbench import metrics
+from specbench import distributed, metrics
 from specbench.benchmarks import Prompt
 from specbench.drafter import Drafter, method_class, parse_options
 from specbench.engine import GenerationConfig, generate, generate_turns
 from specbench.errors import SpecbenchError
+from specbench.merge import find_parts, merge_runs, part_path, read_run, write_run
 from specbench.prompts import render_chat
 from specbench.records import GenerationRecord
 from specbench.results import RunStore, config_hash, environment_metadata
@@ -32,6 +37,7 @@ from specbench.verify import SamplingParams
 
 BASELINE = "vanilla"
 TREE_SLACK = 128  # room for a draft tree past max_new_tokens when checking the context window
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's placement strategies
 
 
 @dataclass
@@ -43,6 +49,7 @@ class RunConfig:
     target: str = DEFAULT_TARGET
     dtype: str = "bfloat16"
     device: str = "cpu"
+    device_map: str | None = None  # "auto": accelerate spreads the target over the visible GPUs
     attn_implementation: str = "sdpa"
     temperature: float = 0.0
     top_k: int = 0
@@ -76,6 +83,8 @@ class RunConfig:
                 "passes")
         ident = {k: v for k, v in asdict(self).items() if k in keep}
         ident["label"] = self.method_label
+        if self.device_map:  # only when set, so hashes of earlier runs stay valid
+            ident["device_map"] = self.device_map
         return ident
 
 
@@ -140,6 +149,8 @@ def validate(cfg: RunConfig) -> None:
         raise SpecbenchError(f"--baseline must be 'vanilla' or 'none' (got {cfg.baseline!r})")
     if cfg.passes < 1:
         raise SpecbenchError(f"--passes must be >= 1 (got {cfg.passes})")
+    if cfg.device_map is not None and cfg.device_map not in DEVICE_MAPS:
+        raise SpecbenchError(f"--device-map must be one of {', '.join(DEVICE_MAPS)} (got {cfg.device_map!r})")
     if cfg.on_long_prompt not in ("skip", "fail"):
         raise SpecbenchError(f"--on-long-prompt must be 'skip' or 'fail' (got {cfg.on_long_prompt!r})")
     try:
@@ -171,31 +182,90 @@ class Runner:
         parsed = [(spec, cls, parse_options(cls, spec.options)) for spec, cls in parsed]
         prompts = load_stream_prompts(cfg.bench, cfg.data_dir, limit=cfg.limit, sample=cfg.sample, seed=cfg.seed,
                                       category=cfg.category)
-        self.queries: list[Query] = build_queries(prompts, cfg.passes)
+        self.world = distributed.init(cfg.device)
+        if self.world.active and cfg.device_map:
+            raise SpecbenchError("--device-map spreads one target over every visible GPU; run it as one process, "
+                                 "not under torchrun")
+        stream = build_queries(prompts, cfg.passes)
+        self.queries: list[Query] = distributed.shard(stream, self.world)
         self.bench = prompts[0].bench if prompts else stream_name(cfg.bench)
         if cfg.attn_implementation == "flash_attention_2" and any(s.method != BASELINE for s in specs):
             raise SpecbenchError("--attn flash_attention_2 cannot verify draft trees; use it only for a vanilla-only "
                                  "run (--method vanilla --baseline none)")
+        with_baseline = cfg.baseline == BASELINE and cfg.method != BASELINE
         meta = {**cfg.identity(), **({"preset": cfg.preset} if cfg.preset else {}), "method_options": {spec.label: asdict(opts) for spec, _, opts in parsed},
-                "config_hash": config_hash(cfg.identity()), "stream": [q.prompt.id for q in self.queries]}
-        self.store = RunStore(cfg.out or default_out(cfg), meta, resume=cfg.resume, overwrite=cfg.overwrite)
-        self.target = Target.load(cfg.target, cfg.dtype, cfg.device, cfg.attn_implementation)
-        self.store.start(environment_metadata(self.target.device))
-        self.sides: list[tuple[str, Drafter]] = []
-        for spec, cls, opts in parsed:
-            drafter = cls(opts)
-            drafter.setup(self.target)
-            self.sides.append((spec.label, drafter))
-        if cfg.baseline == BASELINE and cfg.method != BASELINE:
-            baseline = method_class(BASELINE)()
-            baseline.setup(self.target)
-            self.sides.append((BASELINE, baseline))
+                "config_hash": config_hash(cfg.identity()), "stream": [q.prompt.id for q in stream],
+                "stream_turns": [len(q.prompt.turns) for q in stream],
+                "sides": [spec.label for spec, _, _ in parsed] + ([BASELINE] if with_baseline else []),
+                "world_size": self.world.size}
+        self.out = Path(cfg.out or default_out(cfg))
+        if self.world.active:
+            self.store = self._open_part(meta)
+        else:
+            self.store = RunStore(self.out, meta, resume=cfg.resume, overwrite=cfg.overwrite)
+        with distributed.main_first():  # rank 0 fills any model cache before the others read it
+            self.target = Target.load(cfg.target, cfg.dtype, distributed.rank_device(cfg.device, self.world),
+                                      cfg.attn_implementation, device_map=cfg.device_map)
+            self.sides: list[tuple[str, Drafter]] = []
+            for spec, cls, opts in parsed:
+                drafter = cls(opts)
+                drafter.setup(self.target)
+                self.sides.append((spec.label, drafter))
+            if with_baseline:
+                baseline = method_class(BASELINE)()
+                baseline.setup(self.target)
+                self.sides.append((BASELINE, baseline))
+        env = environment_metadata(self.target.device)
+        if cfg.device_map:
+            placed = getattr(self.target.model, "hf_device_map", None) or {"": str(self.target.device)}
+            env["device_map"] = sorted({str(d) for d in placed.values()})  # the devices the target spans
+        self.store.start(env)
         self.sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
         self.skipped: list[str] = []
         learners = [label for label, d in self.sides if d.learns]
         if cfg.resume and self.store.done and learners:
             warnings.warn(f"resuming {', '.join(learners)}: what they learnt before the interruption is not restored, "
                           "so later queries start from the pre-deployment drafter; rerun with --overwrite for a clean stream")
+        if self.world.active and learners and self.world.main:
+            warnings.warn(f"{', '.join(learners)} learn while serving: under {self.world.size} processes each rank's "
+                          f"drafter sees only every {self.world.size}th query of the stream; run one process for the "
+                          "paper's single-stream setting")
+
+    def _open_part(self, meta: dict) -> RunStore:
+        """This rank's part file. Every rank checks the merged file and the parts on disk before any
+        rank writes (one barrier), so a fresh run never mistakes another rank's new part for an old
+        one; on --resume the records already in the merged file or in other parts count as done."""
+        cfg, world = self.cfg, self.world
+        mine = part_path(self.out, world.rank, world.size)
+        existing = ([self.out] if self.out.exists() and self.out.stat().st_size > 0 else []) + find_parts(self.out)
+        if existing and not (cfg.resume or cfg.overwrite):
+            raise SpecbenchError(f"{existing[0]} already exists; pass --resume to continue it, --overwrite to replace "
+                                 "it, or a new --out")
+        done = {}
+        if cfg.resume:
+            for path in existing:
+                if path != mine:
+                    done.update(RunStore.read_done(path, meta["config_hash"]))
+        distributed.barrier()
+        store = RunStore(mine, {**meta, "rank": world.rank}, resume=cfg.resume, overwrite=cfg.overwrite)
+        store.done.update(done)
+        return store
+
+    def _merge_parts(self) -> list[GenerationRecord]:
+        """Rank 0, once every rank has finished: parts (+ an earlier merged file on --resume) -> --out."""
+        ours = [part_path(self.out, r, self.world.size) for r in range(self.world.size)]
+        if self.cfg.resume:
+            sources = ours + [p for p in find_parts(self.out) if p not in ours]
+            sources += [self.out] if self.out.exists() else []
+        else:
+            sources = ours
+        meta, lines = merge_runs(sources)
+        write_run(self.out, meta, lines)
+        for path in find_parts(self.out):
+            path.unlink()
+        merged = read_run(self.out)
+        self.skipped = [o["prompt_id"] for o in merged.lines if o["type"] == "skip"]
+        return [GenerationRecord.from_dict(o) for o in merged.lines if o["type"] == "record"]
 
     @property
     def prompts(self) -> list[Prompt]:
@@ -216,17 +286,26 @@ class Runner:
     def _run_side(self, label: str, drafter: Drafter, query: Query) -> None:
         prompt = query.prompt
 
+        turn = 0
+
         def admit(ids: list[int]) -> bool:
             if self._fits(ids, prompt):
                 return True
             self.skipped.append(prompt.id)
+            if self.world.active:  # the merge must tell a skipped query from a missing one
+                self.store.skip(label, self.bench, prompt.id, turn, query.index)
             return False
 
-        def config_for(turn: int) -> GenerationConfig:
-            return GenerationConfig(self.cfg.max_new_tokens, self.sampling, record_seed(self.cfg.seed, prompt.id, turn))
+        def config_for(k: int) -> GenerationConfig:
+            return GenerationConfig(self.cfg.max_new_tokens, self.sampling, record_seed(self.cfg.seed, prompt.id, k))
+
+        def finished(k: int) -> GenerationRecord | None:
+            nonlocal turn
+            turn = k  # generate_turns asks before it renders (and admits) turn k
+            return self.store.done.get((label, self.bench, prompt.id, k))
 
         for record in generate_turns(self.target, drafter, prompt.turns, config_for, self.cfg.system_prompt, label,
-                                     finished=lambda turn: self.store.done.get((label, self.bench, prompt.id, turn)),
+                                     finished=finished,
                                      admit=admit):
             record.bench, record.prompt_id, record.query_index = self.bench, prompt.id, query.index
             record.config_hash = self.store.meta["config_hash"]
@@ -248,9 +327,11 @@ class Runner:
             self._warmup()
         columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
-        with Progress(*columns, console=self.console, transient=False) as progress:
+        # Under torchrun only rank 0 draws its bar (its share of the queries).
+        with Progress(*columns, console=self.console, transient=False, disable=not self.world.main) as progress:
             names = ", ".join(label for label, _ in self.sides if label != BASELINE)
-            task = progress.add_task(f"{names} on {self.bench}", total=len(self.queries))
+            share = f" (rank 0 of {self.world.size})" if self.world.active else ""
+            task = progress.add_task(f"{names} on {self.bench}{share}", total=len(self.queries))
             for query in self.queries:
                 # Alternate which side goes first so slow drift does not favour any.
                 order = self.sides if query.index % 2 == 0 else self.sides[::-1]
@@ -258,6 +339,9 @@ class Runner:
                     self._run_side(label, drafter, query)
                 progress.advance(task)
         self.store.close()
+        if self.world.active:
+            distributed.barrier()  # every part is complete
+            return self._merge_parts() if self.world.main else []
         return list(self.store.done.values())
 
 

@@ -93,7 +93,7 @@ class TargetOutput:
     taps: dict[int, torch.Tensor]  # hidden_states index -> [rows, H]
 
 
-def _load_gguf(path: Path, dtype: torch.dtype, attn_implementation: str):
+def _load_gguf(path: Path, dtype: torch.dtype, attn_implementation: str, device_map: str | None = None):
     """Load a GGUF model, caching the dequantised weights as safetensors (28 s -> ~1 s)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -112,7 +112,7 @@ def _load_gguf(path: Path, dtype: torch.dtype, attn_implementation: str):
         tokenizer.save_pretrained(tmp)
         tmp.replace(cached)
         del model
-    return _load_folder_or_hub(str(cached), dtype, attn_implementation)
+    return _load_folder_or_hub(str(cached), dtype, attn_implementation, device_map)
 
 
 def _dtype_keyword() -> str:
@@ -125,33 +125,36 @@ def _dtype_keyword() -> str:
 _DTYPE_KW = _dtype_keyword()
 
 
-def _load_folder_or_hub(spec: str, dtype: torch.dtype, attn_implementation: str):
+def _load_folder_or_hub(spec: str, dtype: torch.dtype, attn_implementation: str, device_map: str | None = None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(spec)
     kwargs = {"attn_implementation": attn_implementation}
+    if device_map:  # accelerate places the layers over the visible GPUs (then CPU) as they load
+        kwargs["device_map"] = device_map
     model = AutoModelForCausalLM.from_pretrained(spec, **{_DTYPE_KW: dtype}, **kwargs)
     return model, tokenizer
 
 
 def load_causal_lm(spec: str, dtype: str | torch.dtype = "bfloat16", device: str = "cpu",
-                   attn_implementation: str = "sdpa"):
-    """(model, tokenizer) from the embedded name, a .gguf file, a local folder, or a hub id."""
+                   attn_implementation: str = "sdpa", device_map: str | None = None):
+    """(model, tokenizer) from the embedded name, a .gguf file, a local folder, or a hub id.
+    With ``device_map`` (e.g. "auto") accelerate places the model and ``device`` is not used."""
     dtype = resolve_dtype(dtype)
     try:
         if spec in _EMBEDDED:
-            model, tok = _load_gguf(embedded_gguf(spec), dtype, attn_implementation)
+            model, tok = _load_gguf(embedded_gguf(spec), dtype, attn_implementation, device_map)
         elif spec.endswith(".gguf"):
             if not Path(spec).is_file():
                 raise SpecbenchError(f"model file {spec} does not exist; pass an existing .gguf path")
-            model, tok = _load_gguf(Path(spec), dtype, attn_implementation)
+            model, tok = _load_gguf(Path(spec), dtype, attn_implementation, device_map)
         elif Path(spec).expanduser().exists():
-            model, tok = _load_folder_or_hub(str(Path(spec).expanduser()), dtype, attn_implementation)
+            model, tok = _load_folder_or_hub(str(Path(spec).expanduser()), dtype, attn_implementation, device_map)
         elif spec.startswith((".", "/", "~")) or spec.count("/") > 1:
             raise SpecbenchError(f"model folder {spec} does not exist; pass a folder with config.json, "
                                  f"a .gguf file, a hub id, or '{DEFAULT_TARGET}'")
         else:  # a hub id
-            model, tok = _load_folder_or_hub(spec, dtype, attn_implementation)
+            model, tok = _load_folder_or_hub(spec, dtype, attn_implementation, device_map)
     except SpecbenchError:
         raise
     except (OSError, ValueError, KeyError) as exc:
@@ -159,7 +162,7 @@ def load_causal_lm(spec: str, dtype: str | torch.dtype = "bfloat16", device: str
         raise SpecbenchError(
             f"could not load model {spec!r} ({first}); pass '{DEFAULT_TARGET}', a local folder with config.json, "
             "a .gguf file, or a reachable hub id") from exc
-    return model.to(device).eval(), tok
+    return (model if device_map else model.to(device)).eval(), tok
 
 
 class Target:
@@ -172,7 +175,9 @@ class Target:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name
-        param = next(model.parameters())
+        # Inputs go where the embedding is (the first GPU of a device_map="auto" target; its
+        # top-level hook brings logits and hidden states back there).
+        param = model.get_input_embeddings().weight
         self.device, self.dtype = param.device, param.dtype
         cfg = model.config
         self.config = cfg
@@ -189,13 +194,13 @@ class Target:
 
     @classmethod
     def load(cls, spec: str = DEFAULT_TARGET, dtype: str | torch.dtype = "bfloat16", device: str = "cpu",
-             attn_implementation: str = "sdpa") -> "Target":
+             attn_implementation: str = "sdpa", device_map: str | None = None) -> "Target":
         if attn_implementation not in ("sdpa", "eager", "flash_attention_2"):
             # FlashAttention kernels cannot take the 4-D tree mask that verify needs: flash_attention_2 is
             # accepted only for vanilla-only baseline runs (the runner refuses it with any drafter).
             raise SpecbenchError(f"attention implementation {attn_implementation!r} cannot verify trees; use sdpa or eager "
                                  "(flash_attention_2 for a vanilla-only baseline)")
-        model, tok = load_causal_lm(spec, dtype, device, attn_implementation)
+        model, tok = load_causal_lm(spec, dtype, device, attn_implementation, device_map)
         return cls(model, tok, name=spec)
 
     def _eos_ids(self) -> set[int]:

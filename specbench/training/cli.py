@@ -55,19 +55,32 @@ def _load_data(target, prompts: Optional[str], data_dir: Optional[str], limit: O
     items = load_benchmark(str(file), limit=limit)
     shipped = shipped_responses_for(target, file, max_new_tokens, temperature)
     if shipped is not None:  # answers already generated for these prompts: only the prompts are rendered
-        import_responses(target, items, shipped, out)
+        from specbench import distributed
+
+        with distributed.main_first():  # rank 0 writes the cache; the others then find every id done
+            import_responses(target, items, shipped, out)
     regenerate(target, items, out, max_new_tokens=max_new_tokens, batch_size=batch_size, temperature=temperature,
                max_prompt_tokens=max_prompt_tokens)
     wanted = {p.id for p in items}
     return out, [e for e in read_examples(out) if e["id"] in wanted and len(e["prompt_ids"]) <= max_prompt_tokens]
 
 
+def _load_target(target: str, dtype: str):
+    """The target on this process's device: the CPU, or under torchrun ``cuda:LOCAL_RANK`` when
+    CUDA is there (joining the process group first; rank 0 fills any model cache first)."""
+    from specbench import distributed
+    from specbench.target import Target
+
+    world = distributed.init("auto")
+    device = distributed.rank_device("auto", world) if world.active else "cpu"
+    with distributed.main_first():
+        return Target.load(target, dtype, device)
+
+
 def _training_data(target: str, prompts: Optional[str], data_dir: Optional[str], limit: Optional[int],
                    max_new_tokens: int, max_prompt_tokens: int):
     """The target in fp32 (training precision) and its greedy answers, regenerated if missing."""
-    from specbench.target import Target
-
-    t = Target.load(target, "float32")
+    t = _load_target(target, "float32")
     data_file, examples = _load_data(t, prompts, data_dir, limit, max_new_tokens, 8, 0.0, max_prompt_tokens)
     return t, data_file, examples
 
@@ -86,14 +99,17 @@ def data(
     export: Optional[Path] = typer.Option(None, help="Also write the responses (no prompt text) to this "
                                                      ".responses.jsonl.gz, to ship under training_data/<target>/."),
 ) -> None:
-    """Answer the prompts with the target (resumable); prints where the data is cached."""
-    from specbench.target import Target
+    """Answer the prompts with the target (resumable; under torchrun each rank answers its share);
+    prints where the data is cached."""
+    from specbench import distributed
     from specbench.training.checkpoint import vocab_fingerprint
     from specbench.training.data import _prompt_digest, export_responses
 
-    t = Target.load(target, dtype)
+    t = _load_target(target, dtype)
     out, examples = _load_data(t, prompts, data_dir, limit, max_new_tokens, batch_size, temperature, max_prompt_tokens)
     tokens = sum(len(e["response_ids"]) for e in examples)
+    if not distributed.current().main:
+        return
     typer.echo(f"{len(examples)} examples, {tokens} response tokens -> {out}")
     if export is not None:
         file = _prompt_file(prompts, data_dir)
@@ -117,16 +133,28 @@ def _fit(target, examples: list[dict], module, loss_fn, taps: list[int], save, o
     evals, trains = examples[:n_eval], examples[n_eval:]
     recipe.extra.update({"data": str(data_file), "train_examples": len(trains), "eval_examples": len(evals),
                          "train_response_tokens": sum(len(e["response_ids"]) for e in trains)})
+    _note_processes(recipe)
     bs, length = recipe.batch_size, recipe.max_length
     cache = FeatureCache(cache_dir() / "features" / data_file.stem, taps, length) if cache_features else None
     trainer = Trainer(module, loss_fn, recipe, out, save=save)
-    final = trainer.fit(lambda epoch: iterate_batches(target, trains, taps, bs, length, seed=epoch, cache=cache),
+    world = trainer.world  # under torchrun: this rank's rows of every batch; rank 0 evaluates and saves
+    final = trainer.fit(lambda epoch: iterate_batches(target, trains, taps, bs, length, seed=epoch, cache=cache,
+                                                      world=world),
                         (len(trains) + bs - 1) // bs,
                         lambda: iterate_batches(target, evals, taps, bs, length, shuffle=False, cache=cache))
-    (Path(out) / "drafter" / "eval.json").write_text(json.dumps(final, indent=2) + "\n")
-    write_model_card(Path(out) / "drafter", final)
-    typer.echo(f"held-out: {json.dumps(final)}; drafter in {Path(out) / 'drafter'}")
+    if world.main:
+        (Path(out) / "drafter" / "eval.json").write_text(json.dumps(final, indent=2) + "\n")
+        write_model_card(Path(out) / "drafter", final)
+        typer.echo(f"held-out: {json.dumps(final)}; drafter in {Path(out) / 'drafter'}")
     return final
+
+
+def _note_processes(recipe) -> None:
+    """Record a data-parallel run's process count with the recipe (the global batch is unchanged)."""
+    from specbench import distributed
+
+    if distributed.current().active:
+        recipe.extra["processes"] = distributed.current().size
 
 
 def _recipe(lr: float, epochs: int, batch_size: int, max_length: int, **extra):
@@ -309,7 +337,10 @@ def pacer(
     recipe.betas = (0.9, 0.999)  # the paper's AdamW betas
     recipe.dtype = "bfloat16"  # autocast: ~2x faster on CPU; the layer and optimizer state stay fp32
     final = train_preverifier(t, examples, data_file, draft, window, position_embedding, recipe, out, held_out)
-    typer.echo(f"held-out: {json.dumps(final)}; pre-verification layer in {Path(out) / 'drafter'}")
+    from specbench import distributed
+
+    if distributed.current().main:
+        typer.echo(f"held-out: {json.dumps(final)}; pre-verification layer in {Path(out) / 'drafter'}")
 
 
 SPECBLOCK_VARIANTS = {  # the paper's Table 2 base-architecture ablations that need their own training

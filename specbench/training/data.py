@@ -12,8 +12,10 @@ from typing import Iterable
 import torch
 from rich.progress import Progress
 
+from specbench import distributed
 from specbench.benchmarks import Prompt
 from specbench.errors import SpecbenchError
+from specbench.merge import find_parts, part_path
 from specbench.prompts import render_chat
 from specbench.target import Target, cache_dir
 from specbench.training.checkpoint import vocab_fingerprint
@@ -72,9 +74,50 @@ def regenerate(target: Target, prompts: list[Prompt], out: str | Path, max_new_t
     """Answer every prompt with the target and append {id, prompt_ids, response_ids} to ``out``.
 
     Finished ids are skipped on a rerun (resume); each batch is fsynced. Prompts longer than
-    ``max_prompt_tokens`` are skipped: long ShareGPT pastes dominate the cost and teach little."""
+    ``max_prompt_tokens`` are skipped: long ShareGPT pastes dominate the cost and teach little.
+    Under torchrun rank r answers every N-th unfinished prompt into ``out.part-rofN`` and rank 0
+    appends the parts to ``out`` in the order one process would have written them."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    world = distributed.current()
+    if not world.active:
+        _answer(target, prompts, out, max_new_tokens, batch_size, temperature, system_prompt, max_prompt_tokens)
+    else:
+        # Every rank sees the same finished set (the file and any parts of a killed run) before any
+        # rank writes, so the unfinished prompts are split the same way everywhere.
+        done = {e["id"] for f in [out, *find_parts(out)] if f.exists() for e in read_examples(f)}
+        mine = distributed.shard([p for p in prompts if p.id not in done], world)
+        distributed.barrier()
+        _answer(target, mine, part_path(out, world.rank, world.size), max_new_tokens, batch_size, temperature,
+                system_prompt, max_prompt_tokens)
+        distributed.barrier()
+        if world.main:
+            _merge_parts(out, prompts)
+        distributed.barrier()
+    if not read_examples(out):
+        raise SpecbenchError(f"no training examples were produced in {out}; check the prompt file")
+    return out
+
+
+def _merge_parts(out: Path, prompts: list[Prompt]) -> None:
+    """Append every part's new examples to ``out`` (shortest prompt first, ties in prompt order,
+    as one process writes them), then remove the parts (any world size: a resumed run's too)."""
+    parts = find_parts(out)
+    done = {e["id"] for e in read_examples(out)} if out.exists() else set()
+    rank = {p.id: i for i, p in enumerate(prompts)}
+    new = {e["id"]: e for part in parts for e in read_examples(part) if e["id"] not in done}
+    ordered = sorted(new.values(), key=lambda e: (len(e["prompt_ids"]), rank.get(e["id"], len(rank))))
+    with open(out, "a", encoding="utf-8") as fh:
+        for e in ordered:
+            fh.write(json.dumps(e) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    for part in parts:
+        part.unlink()
+
+
+def _answer(target: Target, prompts: list[Prompt], out: Path, max_new_tokens: int, batch_size: int,
+            temperature: float, system_prompt: str | None, max_prompt_tokens: int) -> None:
     done = {e["id"] for e in read_examples(out)} if out.exists() else set()
     todo = []
     for p in prompts:
@@ -86,7 +129,7 @@ def regenerate(target: Target, prompts: list[Prompt], out: str | Path, max_new_t
     # Similar lengths batch together: less padding, less wasted compute.
     todo.sort(key=lambda item: len(item[1]))
     generator = torch.Generator().manual_seed(0) if temperature > 0 else None
-    with open(out, "a", encoding="utf-8") as fh, Progress() as progress:
+    with open(out, "a", encoding="utf-8") as fh, Progress(disable=not distributed.current().main) as progress:
         task = progress.add_task("regenerating responses", total=len(todo))
         for chunk in _batches(todo, batch_size):
             responses = _generate_batch(target, [ids for _, ids in chunk], max_new_tokens, temperature, generator)
@@ -95,9 +138,6 @@ def regenerate(target: Target, prompts: list[Prompt], out: str | Path, max_new_t
             fh.flush()
             os.fsync(fh.fileno())
             progress.advance(task, len(chunk))
-    if not read_examples(out):
-        raise SpecbenchError(f"no training examples were produced in {out}; check the prompt file")
-    return out
 
 
 # Regenerated answers ship without their prompts (the prompt files stay in the data dir): a

@@ -12,6 +12,7 @@ from typing import Iterator, Sequence
 import torch
 from safetensors.torch import load_file, save_file
 
+from specbench.distributed import World, rows_of
 from specbench.target import Target
 from specbench.training.batch import TrainBatch
 
@@ -68,17 +69,27 @@ class FeatureCache:
 
 
 def iterate_batches(target: Target, examples: Sequence[dict], taps: Sequence[int], batch_size: int, max_length: int,
-                    shuffle: bool = True, seed: int = 0, cache: FeatureCache | None = None) -> Iterator[TrainBatch]:
-    """One pass over ``examples`` as TrainBatches (length-bucketed so padding stays small)."""
+                    shuffle: bool = True, seed: int = 0, cache: FeatureCache | None = None,
+                    world: World | None = None) -> Iterator[TrainBatch]:
+    """One pass over ``examples`` as TrainBatches (length-bucketed so padding stays small).
+
+    With ``world`` (data parallel), the same global batches on every rank, of which this rank
+    takes rows rank, rank + N, ... (and computes only their taps); a rank with no row of a batch
+    gets a ``filler`` batch (weight 0, see ``distributed.rows_of``)."""
     order = sorted(range(len(examples)), key=lambda i: len(examples[i]["prompt_ids"]) + len(examples[i]["response_ids"]))
     chunks = [order[i: i + batch_size] for i in range(0, len(order), batch_size)]
     if shuffle:
         random.Random(seed).shuffle(chunks)
     for chunk in chunks:
+        filler = False
+        if world is not None and world.active:
+            chunk, filler = rows_of(chunk, world)
         group = [examples[i] for i in chunk]
         ids, attn, loss = pad_examples(group, max_length)
         tapped = _cached_taps(target, group, ids, attn, taps, cache) if cache else target_taps(target, ids, attn, taps)
-        yield TrainBatch(ids, attn, loss, tapped, target.model.get_output_embeddings(), {"ids": [e["id"] for e in group]})
+        batch = TrainBatch(ids, attn, loss, tapped, target.model.get_output_embeddings(), {"ids": [e["id"] for e in group]})
+        batch.filler = filler
+        yield batch
 
 
 def _cached_taps(target, group, ids, attn, taps, cache: FeatureCache) -> dict[int, torch.Tensor]:

@@ -1,6 +1,13 @@
 """One trainer for every drafter: AdamW, cosine schedule with warmup, gradient clipping,
 bf16 autocast or fp32, checkpoint and resume, a held-out evaluation with per-depth top-1 accuracy
-and an acceptance-length proxy, all logged as JSONL."""
+and an acceptance-length proxy, all logged as JSONL.
+
+Data parallel under ``torchrun --nproc-per-node N``: every rank gets its rows of each global
+batch (``iterate_batches(..., world=...)``), and after each backward the gradients become the
+token-weighted mean over ranks (one all-reduce), so every rank takes the same optimizer step a
+single process would take on the whole batch. (Loss functions call the module directly, not its
+``forward``, which DistributedDataParallel would need to wrap.) Rank 0 alone evaluates, logs,
+checkpoints and saves; all ranks resume from the same ``trainer_state.pt``."""
 
 from __future__ import annotations
 
@@ -14,6 +21,7 @@ from typing import Callable, Iterable, Iterator
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from specbench import distributed
 from specbench.training.batch import TrainBatch
 
 LossFn = Callable[[TrainBatch], tuple[torch.Tensor, dict[str, float]]]
@@ -69,6 +77,17 @@ def evaluate(loss_fn: LossFn, batches: Iterable[TrainBatch]) -> dict[str, float]
     return result
 
 
+def batch_weight(batch) -> float:
+    """How much of the global batch one rank's mean loss stands for: its loss-bearing tokens
+    (``loss_mask``), or its labelled rows (``labels >= 0``), else its rows; 0 for a filler."""
+    if getattr(batch, "filler", False):
+        return 0.0
+    mask = getattr(batch, "loss_mask", None)
+    if mask is None and getattr(batch, "labels", None) is not None:
+        mask = batch.labels >= 0
+    return float(mask.sum()) if mask is not None else float(len(batch))
+
+
 class Trainer:
     """``train_batches(epoch)`` yields TrainBatches; ``save(folder)`` writes the drafter."""
 
@@ -78,6 +97,7 @@ class Trainer:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.save = save
+        self.world = distributed.current()
         params = [p for p in module.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=recipe.lr, betas=recipe.betas, weight_decay=recipe.weight_decay)
         self.step = 0
@@ -85,6 +105,8 @@ class Trainer:
         self.state_path = self.out_dir / "trainer_state.pt"
 
     def _checkpoint(self) -> None:
+        if not self.world.main:
+            return
         tmp = self.state_path.with_suffix(".tmp")
         torch.save({"step": self.step, "module": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
                     "recipe": asdict(self.recipe)}, tmp)
@@ -98,8 +120,41 @@ class Trainer:
             self.step = state["step"]
 
     def _log(self, entry: dict) -> None:
+        if not self.world.main:
+            return
         with open(self.log_path, "a") as fh:
             fh.write(json.dumps(entry) + "\n")
+
+    def _sync_grads(self, weight: float) -> None:
+        """Each gradient becomes sum_r w_r g_r / sum_r w_r over ranks (one all-reduce); a parameter
+        no rank produced a gradient for keeps none, as in one process."""
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        device = params[0].device
+        has = [p.grad is not None and weight > 0 for p in params]
+        parts = [p.grad.float().flatten() * weight if h else torch.zeros(p.numel(), device=device)
+                 for p, h in zip(params, has)]
+        parts.append(torch.tensor([float(h) for h in has] + [weight], device=device))
+        flat = distributed.all_reduce_sum(torch.cat(parts))
+        total, flags = flat[-1], flat[-1 - len(params):-1]
+        offset = 0
+        for p, flag in zip(params, flags.tolist()):
+            n = p.numel()
+            p.grad = (flat[offset: offset + n] / total).view_as(p).to(p.dtype) if flag > 0 else None
+            offset += n
+
+    def _mean_metrics(self, weight: float, metrics: dict[str, float], loss: float) -> tuple[dict[str, float], float]:
+        """Metrics and loss of the global batch: every rank's, weighted like its gradient."""
+        sums: dict[str, float] = {}
+        weights: dict[str, float] = {}
+        gathered = distributed.all_gather_object((weight, loss, {k: float(v) for k, v in metrics.items()}))
+        for w, _, m in gathered:
+            for k, v in m.items():
+                if w > 0:
+                    sums[k] = sums.get(k, 0.0) + w * v
+                    weights[k] = weights.get(k, 0.0) + w
+        total = sum(w for w, _, _ in gathered)
+        mean_loss = sum(w * x for w, x, _ in gathered) / total if total > 0 else loss
+        return {k: sums[k] / weights[k] for k in sums}, mean_loss
 
     def fit(self, train_batches: Callable[[int], Iterator[TrainBatch]], steps_per_epoch: int,
             eval_batches: Callable[[], Iterable[TrainBatch]] | None = None) -> dict[str, float]:
@@ -107,13 +162,16 @@ class Trainer:
         total = r.max_steps or steps_per_epoch * r.epochs
         warmup = int(total * r.warmup_ratio)
         self._resume()
+        # Ranks start from rank 0's weights (a drafter built with unseeded init differs per rank).
+        distributed.broadcast_tensors([p for p in self.module.parameters() if p.requires_grad]
+                                      + list(self.module.buffers()))
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: cosine_with_warmup(s, total, warmup), last_epoch=self.step - 1)
         autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=r.dtype == "bfloat16")
         start = time.time()
         columns = (TextColumn("training"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[loss]}"),
                    TimeRemainingColumn())
-        with Progress(*columns) as progress:
+        with Progress(*columns, disable=not self.world.main) as progress:
             task = progress.add_task("train", total=total, completed=self.step, loss="")
             epoch = self.step // max(steps_per_epoch, 1)
             while self.step < total:
@@ -123,10 +181,15 @@ class Trainer:
                     if self.step >= total:
                         break
                     self.module.train()
+                    self.optimizer.zero_grad(set_to_none=True)
                     with autocast:
                         loss, metrics = self.loss_fn(batch)
-                    self.optimizer.zero_grad(set_to_none=True)
                     loss.backward()
+                    shown = float(loss.detach())
+                    if self.world.active:  # data parallel: the gradient and metrics of the global batch
+                        weight = batch_weight(batch)
+                        self._sync_grads(weight)
+                        metrics, shown = self._mean_metrics(weight, metrics, shown)
                     norm = torch.nn.utils.clip_grad_norm_([p for p in self.module.parameters() if p.requires_grad],
                                                           r.grad_clip)
                     self.optimizer.step()
@@ -135,8 +198,8 @@ class Trainer:
                     self._log({"step": self.step, "epoch": epoch, "lr": scheduler.get_last_lr()[0],
                                "grad_norm": float(norm), "elapsed_s": round(time.time() - start, 1),
                                **{k: float(v) for k, v in metrics.items()}})
-                    progress.update(task, advance=1, loss=f"loss {float(loss.detach()):.3f}")
-                    if eval_batches and (self.step % r.eval_every == 0 or self.step == total):
+                    progress.update(task, advance=1, loss=f"loss {shown:.3f}")
+                    if eval_batches and self.world.main and (self.step % r.eval_every == 0 or self.step == total):
                         self.module.eval()
                         self._log({"step": self.step, "eval": evaluate(self.loss_fn, eval_batches())})
                     if self.step % r.save_every == 0:
@@ -144,8 +207,10 @@ class Trainer:
                 epoch += 1
         self._checkpoint()
         self.module.eval()
-        final = evaluate(self.loss_fn, eval_batches()) if eval_batches else {}
+        final = evaluate(self.loss_fn, eval_batches()) if eval_batches and self.world.main else {}
         final["wall_time_s"] = round(time.time() - start, 1)
         final["steps"] = self.step
-        self.save(self.out_dir / "drafter")
+        if self.world.main:
+            self.save(self.out_dir / "drafter")
+        distributed.barrier()  # nobody leaves (or resumes) before rank 0 has written the checkpoint
         return final
