@@ -37,8 +37,8 @@ from specbench.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
 from specbench.target import Target, TargetOutput
 from specbench.training.batch import TrainBatch
-from specbench.training.checkpoint import (CONFIG, load_drafter, load_state_exactly, read_drafter_config,
-                                          read_weights, save_drafter, target_fingerprint)
+from specbench.training.checkpoint import (CONFIG, found_layout, load_drafter, load_state_exactly,
+                                          read_drafter_config, read_weights, save_drafter, target_fingerprint)
 from specbench.tree import DraftTree, SiblingKind
 
 METHOD = "dflash"
@@ -109,7 +109,8 @@ class DFlashConfig:
         missing = [k for k in required if k not in raw]
         if missing or "mask_token_id" not in extra:
             missing += [] if "mask_token_id" in extra else ["dflash_config.mask_token_id"]
-            raise SpecbenchError(f"{source} lacks {', '.join(missing)}; it is not a DFlash config")
+            raise SpecbenchError(f"{source} lacks {', '.join(missing)}; it is not a DFlash drafter "
+                                 f"({found_layout(Path(source).parent)})")
         if raw.get("use_sliding_window") and raw.get("sliding_window"):
             raise SpecbenchError(f"{source} uses sliding-window attention, which this DFlash loader does not support")
         heads, layers = raw["num_attention_heads"], raw["num_hidden_layers"]
@@ -458,7 +459,8 @@ def training_mask(starts: torch.Tensor, context_len: int, block: int) -> torch.T
 # ---- the drafter -----------------------------------------------------------------------------
 @dataclass
 class DFlashOptions:
-    path: str = ""  # drafter folder (ours or the published DFlash layout); empty = drafters/<target>/dflash
+    path: str = ""  # drafter folder or hub id org/name[@rev] (ours or the published z-lab layout); empty = drafters/<target>/dflash
+    revision: str = ""  # hub revision of path; empty = main
 
 
 class DFlashDrafter(Drafter):
@@ -466,6 +468,7 @@ class DFlashDrafter(Drafter):
 
     name = METHOD
     Options = DFlashOptions
+    weight_options = ("path",)
 
     def __init__(self, options=None, model: DFlashModel | None = None) -> None:
         super().__init__(options)
@@ -480,7 +483,10 @@ class DFlashDrafter(Drafter):
         self.taps = self.model.taps
 
     def _folder(self, target: Target) -> Path:
-        folder = Path(self.options.path or SHIPPED_DIR / target.name / METHOD).expanduser()
+        shipped = SHIPPED_DIR / target.name / METHOD
+        folder = self.resolve_weights("path", shipped, f"{self.name} needs a DFlash drafter for target {target.name!r} "
+                                      f"({{path}} does not exist); train one with `specbench train dflash` or pass "
+                                      "--opt path=FOLDER_OR_HUB_ID")
         if not (folder / CONFIG).is_file():
             raise SpecbenchError(f"{self.name} needs a DFlash drafter for target {target.name!r} ({folder} has no "
                                  f"{CONFIG}); train one with `specbench train dflash` or pass --opt path=FOLDER")

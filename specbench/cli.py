@@ -50,7 +50,8 @@ def _parse_opts(opts: list[str], config: Optional[Path]) -> dict:
 def run(
     method: str = typer.Option(..., "--method", "-m", help="Method name (see `specbench list methods`)."),
     bench: str = typer.Option(..., "--bench", "-b", help="Benchmark name or a .jsonl file."),
-    target: str = typer.Option("smollm2-135m", help="Target: smollm2-135m, a .gguf file, a model folder or a hub id."),
+    target: str = typer.Option("smollm2-135m", help="Target: smollm2-135m, a .gguf file, a model folder or a hub id "
+                               "org/name or org/name@REVISION."),
     temperature: float = typer.Option(0.0, help="0 = greedy; > 0 samples (lossless either way)."),
     top_k: int = typer.Option(0, help="Top-k filter at T > 0 (0 = off)."),
     top_p: float = typer.Option(1.0, help="Top-p filter at T > 0 (1 = off)."),
@@ -76,9 +77,15 @@ def run(
     sweep: Optional[str] = typer.Option(None, help="key=v1,v2,...: one side per value, labelled METHOD@key=v."),
     also: list[str] = typer.Option([], "--also", help="Another method in the same run: name or name@key=value[@key=value] (repeatable)."),
     passes: int = typer.Option(1, help="Repeat the query stream N times (drafters that learn keep their state)."),
+    target_revision: Optional[str] = typer.Option(None, help="Hub revision of --target (branch, tag or commit sha)."),
+    chat_template: str = typer.Option("auto", help="auto (tokenizer's template; vicuna_v1.1 for Vicuna models "
+                                      "without one), tokenizer, vicuna_v1.1 or plain."),
+    chat_template_kwargs: list[str] = typer.Option([], "--chat-template-kwargs", help="key=value passed to "
+                                                   "apply_chat_template, e.g. enable_thinking=false (repeatable)."),
 ) -> None:
     """Run METHOD (and every --also / --sweep side) on BENCH with the vanilla baseline interleaved
     prompt by prompt; print the summary table. BENCH may be a mixed stream: `mixed` or `a+b+c`."""
+    from specbench.prompts import parse_template_kwargs
     from specbench.runner import RunConfig, Runner, summary_table
 
     cfg = RunConfig(method=method, bench=bench, options=_parse_opts(opt, config), label=label, target=target,
@@ -86,7 +93,9 @@ def run(
                     top_p=top_p, max_new_tokens=max_new_tokens, seed=seed, baseline=baseline, limit=limit,
                     sample=sample, category=category, data_dir=data_dir, system_prompt=system_prompt,
                     on_long_prompt=on_long_prompt, out=str(out) if out else None, resume=resume,
-                    overwrite=overwrite, warmup=warmup, sweep=sweep, also=list(also), passes=passes)
+                    overwrite=overwrite, warmup=warmup, sweep=sweep, also=list(also), passes=passes,
+                    target_revision=target_revision, chat_template=chat_template,
+                    chat_template_kwargs=parse_template_kwargs(list(chat_template_kwargs)))
     runner = Runner(cfg, err)
     records = runner.run()
     console.print(summary_table(records, temperature))

@@ -146,3 +146,9 @@ class RunStore:
 
     def close(self) -> None:
         self.fh.close()
+
+    def abandon(self) -> None:
+        """Close; a file this run created and wrote nothing to is removed (failed before the header)."""
+        self.fh.close()
+        if self.fresh and self.path.exists() and self.path.stat().st_size == 0:
+            self.path.unlink()

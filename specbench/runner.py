@@ -18,16 +18,16 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from specbench import metrics
+from specbench import hub, metrics
 from specbench.benchmarks import Prompt
 from specbench.drafter import Drafter, method_class, parse_options
 from specbench.engine import GenerationConfig, generate, generate_turns
 from specbench.errors import SpecbenchError
-from specbench.prompts import render_chat
+from specbench.prompts import ChatFormat, render_chat
 from specbench.records import GenerationRecord
 from specbench.results import RunStore, config_hash, environment_metadata
 from specbench.streams import Query, build_queries, load_stream_prompts, stream_name
-from specbench.target import DEFAULT_TARGET, Target
+from specbench.target import _EMBEDDED as EMBEDDED, DEFAULT_TARGET, Target
 from specbench.verify import SamplingParams
 
 BASELINE = "vanilla"
@@ -63,6 +63,9 @@ class RunConfig:
     sweep: str | None = None  # "key=v1,v2,...": one side per value
     also: list[str] = field(default_factory=list)  # more sides: "name" or "name@key=value@key=value"
     passes: int = 1  # times the query stream is repeated (learning drafters keep their state)
+    target_revision: str | None = None  # hub revision of the target (or target "org/name@rev")
+    chat_template: str = "auto"  # auto | tokenizer | vicuna_v1.1 | plain (prompts.TEMPLATES)
+    chat_template_kwargs: dict = field(default_factory=dict)  # passed to apply_chat_template
 
     @property
     def method_label(self) -> str:
@@ -75,6 +78,10 @@ class RunConfig:
                 "passes")
         ident = {k: v for k, v in asdict(self).items() if k in keep}
         ident["label"] = self.method_label
+        # Prompt rendering and weights revisions; only when set, so earlier runs keep their hash.
+        for key, default in (("target_revision", None), ("chat_template", "auto"), ("chat_template_kwargs", {})):
+            if getattr(self, key) != default:
+                ident[key] = getattr(self, key)
         return ident
 
 
@@ -145,6 +152,18 @@ def validate(cfg: RunConfig) -> None:
         SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
     except ValueError as exc:
         raise SpecbenchError(str(exc)) from None
+    ChatFormat(cfg.chat_template, cfg.chat_template_kwargs)
+    if cfg.target not in EMBEDDED and not cfg.target.endswith(".gguf"):  # a folder or a well-formed hub id
+        hub.check_reference(cfg.target, cfg.target_revision, "target")
+    elif cfg.target_revision:
+        raise SpecbenchError(f"--target-revision applies to hub ids; {cfg.target!r} is not one")
+
+
+def weights_metadata(target: Target, sides: list[tuple[str, Drafter]]) -> dict:
+    """The files and commit sha of the target and of every side's weights (sha None: a local path)."""
+    source = target.source or hub.Resolved(target.name, Path(target.name))
+    return {"target": source.as_dict(),
+            "drafters": {label: {name: src.as_dict() for name, src in d.sources.items()} for label, d in sides}}
 
 
 def default_out(cfg: RunConfig) -> Path:
@@ -168,6 +187,8 @@ class Runner:
         specs = run_sides(cfg)
         parsed = [(spec, method_class(spec.method)) for spec in specs]
         parsed = [(spec, cls, parse_options(cls, spec.options)) for spec, cls in parsed]
+        for _, cls, opts in parsed:  # paths exist / hub ids are well formed; downloads happen at load
+            cls.check_references(opts)
         prompts = load_stream_prompts(cfg.bench, cfg.data_dir, limit=cfg.limit, sample=cfg.sample, seed=cfg.seed,
                                       category=cfg.category)
         self.queries: list[Query] = build_queries(prompts, cfg.passes)
@@ -175,8 +196,23 @@ class Runner:
         meta = {**cfg.identity(), "method_options": {spec.label: asdict(opts) for spec, _, opts in parsed},
                 "config_hash": config_hash(cfg.identity()), "stream": [q.prompt.id for q in self.queries]}
         self.store = RunStore(cfg.out or default_out(cfg), meta, resume=cfg.resume, overwrite=cfg.overwrite)
-        self.target = Target.load(cfg.target, cfg.dtype, cfg.device, cfg.attn_implementation)
-        self.store.start(environment_metadata(self.target.device))
+        try:  # a model that fails to load leaves no results file behind
+            self._load(cfg, parsed)
+        except BaseException:
+            self.store.abandon()
+            raise
+        self.sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
+        self.skipped: list[str] = []
+        learners = [label for label, d in self.sides if d.learns]
+        if cfg.resume and self.store.done and learners:
+            warnings.warn(f"resuming {', '.join(learners)}: what they learnt before the interruption is not restored, "
+                          "so later queries start from the pre-deployment drafter; rerun with --overwrite for a clean stream")
+
+    def _load(self, cfg: RunConfig, parsed: list) -> None:
+        """Target, prompt format and every side's drafter; then the header (with their shas)."""
+        self.target = Target.load(cfg.target, cfg.dtype, cfg.device, cfg.attn_implementation, cfg.target_revision)
+        self.target.chat = ChatFormat(cfg.chat_template, cfg.chat_template_kwargs).resolve(
+            self.target.tokenizer, self.target.name) if self.target.tokenizer is not None else None
         self.sides: list[tuple[str, Drafter]] = []
         for spec, cls, opts in parsed:
             drafter = cls(opts)
@@ -186,12 +222,9 @@ class Runner:
             baseline = method_class(BASELINE)()
             baseline.setup(self.target)
             self.sides.append((BASELINE, baseline))
-        self.sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
-        self.skipped: list[str] = []
-        learners = [label for label, d in self.sides if d.learns]
-        if cfg.resume and self.store.done and learners:
-            warnings.warn(f"resuming {', '.join(learners)}: what they learnt before the interruption is not restored, "
-                          "so later queries start from the pre-deployment drafter; rerun with --overwrite for a clean stream")
+        prompt_format = self.target.chat.describe(self.target.tokenizer) if self.target.chat else None
+        self.store.start({**environment_metadata(self.target.device), "weights": weights_metadata(self.target, self.sides),
+                          "prompt_format": prompt_format})
 
     @property
     def prompts(self) -> list[Prompt]:
@@ -231,7 +264,7 @@ class Runner:
     def _warmup(self) -> None:
         """One short generation per side, discarded: first calls pay for allocation and kernels."""
         ids = render_chat(self.target.tokenizer, [{"role": "user", "content": self.prompts[0].turns[0]}],
-                          self.cfg.system_prompt)
+                          self.cfg.system_prompt, self.target.chat)
         if len(ids) + 16 + TREE_SLACK > self.target.max_context:
             return
         for _, drafter in self.sides:
