@@ -141,7 +141,8 @@ def list_models() -> None:
         table.add_row(DEFAULT_TARGET, "-", str(exc))
     table.add_row("<path>.gguf", "a GGUF file", "loaded through transformers + gguf")
     table.add_row("<folder>", "a Hugging Face model folder", "config.json + weights")
-    table.add_row("<org/name>", "a Hugging Face hub id", "needs network or a local HF cache")
+    table.add_row("<org/name>", "a Hugging Face hub id (org/name@REV or --target-revision pins a commit)",
+                  "needs network or a local HF cache (HF_TOKEN for gated repos, HF_HUB_OFFLINE=1: cache only)")
     console.print(table)
 
 

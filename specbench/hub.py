@@ -19,6 +19,8 @@ _SHA = re.compile(r"^[0-9a-f]{40}$")
 # A full model on the Hub: config, tokenizer and safetensors weights; originals and other formats are skipped.
 MODEL_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.jinja", "tokenizer*"]
 MODEL_BIN_FILES = ["*.json", "pytorch_model*.bin", "*.model", "*.txt", "*.tiktoken", "*.jinja", "tokenizer*"]
+# Duplicates of the weights in the authors' own formats (Llama's original/, Mistral's consolidated.*).
+MODEL_SKIP = ["original/*", "consolidated*"]
 
 
 @dataclass(frozen=True)
@@ -91,14 +93,14 @@ def check_reference(spec: str, revision: str | None = None, what: str = "drafter
 
 
 def resolve(spec: str, revision: str | None = None, what: str = "drafter",
-            allow_patterns: list[str] | None = None) -> Resolved:
+            allow_patterns: list[str] | None = None, ignore_patterns: list[str] | None = None) -> Resolved:
     """Local path as is; a hub id downloaded (or found in the HF cache) at its revision."""
     check_reference(spec, revision, what)
     name, rev = split_reference(spec, revision)
     if is_local(name):
         return Resolved(spec, Path(name).expanduser())
     try:
-        path = _snapshot(name, rev, what, allow_patterns)
+        path = _snapshot(name, rev, what, allow_patterns, ignore_patterns)
     except SpecbenchError as exc:  # "runs/eagle3" may have been meant as a folder
         raise SpecbenchError(f"{exc} (no local folder {name} exists either)") from None
     return Resolved(spec, path, name, rev, path.name if _SHA.match(path.name) else None)
@@ -106,13 +108,14 @@ def resolve(spec: str, revision: str | None = None, what: str = "drafter",
 
 def resolve_model(spec: str, revision: str | None = None, what: str = "model") -> Resolved:
     """A whole causal LM from the Hub: safetensors weights, or PyTorch .bin where a repo has only those."""
-    resolved = resolve(spec, revision, what, MODEL_FILES)
+    resolved = resolve(spec, revision, what, MODEL_FILES, MODEL_SKIP)
     if resolved.repo_id and not any(resolved.path.glob("*.safetensors")):
-        resolved = resolve(spec, revision, what, MODEL_BIN_FILES)
+        resolved = resolve(spec, revision, what, MODEL_BIN_FILES, MODEL_SKIP)
     return resolved
 
 
-def _snapshot(repo_id: str, revision: str | None, what: str, allow_patterns: list[str] | None) -> Path:
+def _snapshot(repo_id: str, revision: str | None, what: str, allow_patterns: list[str] | None,
+              ignore_patterns: list[str] | None = None) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError,
                                         RepositoryNotFoundError, RevisionNotFoundError)
@@ -121,7 +124,8 @@ def _snapshot(repo_id: str, revision: str | None, what: str, allow_patterns: lis
     local = offline()
     try:
         folder = snapshot_download(repo_id, revision=revision, cache_dir=hub_cache(), allow_patterns=allow_patterns,
-                                   local_files_only=local, token=os.environ.get("HF_TOKEN") or None)
+                                   ignore_patterns=ignore_patterns, local_files_only=local,
+                                   token=os.environ.get("HF_TOKEN") or None)
     except GatedRepoError:
         raise SpecbenchError(f"{what} {repo_id} is a gated repo: accept its terms on huggingface.co and set HF_TOKEN "
                              "(or run `hf auth login`)") from None

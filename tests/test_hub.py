@@ -369,3 +369,18 @@ def test_unknown_drafter_layout_is_exit_2_and_writes_nothing(models, cache, tmp_
     code, _, err = cli(args, capsys)
     assert code == 2 and "MysteryDrafter" in err and "Traceback" not in err, err
     assert not out.exists()
+
+
+def test_resume_refuses_other_weights(models, cache, tmp_path, capsys):
+    """A table must come from one set of weights: resuming after main moved to another commit fails."""
+    publish(cache, "tiny-org/target", Path(models["target"]), SHA)
+    out = tmp_path / "r.jsonl"
+    args = base_args(models, out)
+    args[args.index("--target") + 1] = "tiny-org/target"
+    args[args.index("--limit") + 1] = "1"
+    assert cli(args, capsys)[0] == 0
+    publish(cache, "tiny-org/target", Path(models["target"]), "d" * 40)  # main now points elsewhere
+    args[args.index("--limit") + 1] = "2"
+    code, _, err = cli(args + ["--resume"], capsys)
+    assert code == 2 and "other weights (target" in err, err
+    assert len(read(out)) == 3  # header + the first prompt's two records, untouched
