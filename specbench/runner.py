@@ -112,8 +112,13 @@ def parse_also(spec: str) -> Side:
             raise SpecbenchError(f"--also {spec}@label= needs a label after 'label='")
     name, *pairs = spec.split("@")
     options = {}
+    last = None
     for pair in pairs:
         key, sep, value = pair.partition("=")
+        if not sep and last is not None and "/" in options[last]:  # path=org/name@REV: a hub revision
+            options[last] += "@" + pair.strip()
+            continue
+        last = key.strip().replace("-", "_")
         if not sep or not key.strip():
             raise SpecbenchError(f"--also expects name or name@key=value[@key=value...] (got {spec!r})")
         options[key.strip().replace("-", "_")] = value.strip()

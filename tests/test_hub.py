@@ -384,3 +384,12 @@ def test_resume_refuses_other_weights(models, cache, tmp_path, capsys):
     code, _, err = cli(args + ["--resume"], capsys)
     assert code == 2 and "other weights (target" in err, err
     assert len(read(out)) == 3  # header + the first prompt's two records, untouched
+
+
+def test_also_sides_take_hub_revisions():
+    from specbench.runner import parse_also
+
+    side = parse_also("eagle3@path=yuhuili/EAGLE3-LLaMA3.1-Instruct-8B@v1@top_k=4")
+    assert side.options == {"path": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B@v1", "top_k": "4"}
+    with pytest.raises(SpecbenchError, match="--also expects"):
+        parse_also("eagle3@top_k=4@oops")
