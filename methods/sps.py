@@ -97,7 +97,7 @@ class SpSDrafter(Drafter):
                 raise SpecbenchError(f"sps needs a draft model for target {target.name!r}; pass --opt draft=PATH_OR_HUB_ID "
                                      "(same tokenizer as the target)")
             dtype = resolve_dtype(self.options.dtype or target.dtype)
-            source = locate_model(spec, getattr(self.options, "revision", "") or None)
+            source = locate_model(spec, getattr(self.options, "revision", "") or None, f"{self.name} draft")
             self.sources["draft"] = source
             if (source.path / "config.json").is_file() and is_student(read_drafter_config(source.path)):
                 self.model, self.tokenizer = load_student(source.path, target, dtype), target.tokenizer

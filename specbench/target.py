@@ -137,7 +137,7 @@ def _load_folder_or_hub(spec: str, dtype: torch.dtype, attn_implementation: str)
     return model, tokenizer
 
 
-def locate_model(spec: str, revision: str | None = None) -> "Resolved":
+def locate_model(spec: str, revision: str | None = None, what: str = "model") -> "Resolved":
     """Where a model's files are: the embedded GGUF, a .gguf file, a local folder, or a hub id
     (``org/name[@rev]``, downloaded or taken from the HF cache) with the commit it resolved to."""
     from specbench import hub
@@ -155,7 +155,7 @@ def locate_model(spec: str, revision: str | None = None) -> "Resolved":
     if not hub.is_local(name) and not hub.looks_like_hub_id(name):
         raise SpecbenchError(f"model {spec!r} is neither an existing folder or .gguf file nor a hub id "
                              f"(org/name or org/name@REVISION); or pass '{DEFAULT_TARGET}'")
-    return hub.resolve_model(spec, revision)
+    return hub.resolve_model(spec, revision, what)
 
 
 def load_causal_lm(spec: str, dtype: str | torch.dtype = "bfloat16", device: str = "cpu",
@@ -220,7 +220,7 @@ class Target:
         if attn_implementation not in ("sdpa", "eager"):
             # FlashAttention kernels cannot take the 4-D tree mask that verify needs.
             raise SpecbenchError(f"attention implementation {attn_implementation!r} cannot verify trees; use sdpa or eager")
-        model, tok, source = load_located(locate_model(spec, revision), dtype, device, attn_implementation)
+        model, tok, source = load_located(locate_model(spec, revision, "target"), dtype, device, attn_implementation)
         target = cls(model, tok, name=source.repo_id or spec)
         target.source = source
         return target
