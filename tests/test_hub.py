@@ -101,20 +101,26 @@ def test_bad_references_are_one_line(cache, tmp_path, spec, revision, match):
     assert "\n" not in str(err.value)
 
 
-def test_gated_repo_without_token_says_so(monkeypatch):
-    import huggingface_hub
-    from huggingface_hub.errors import GatedRepoError
-
+@pytest.mark.parametrize("error,status,match", [
+    ("GatedRepoError", 401, "gated repo.*HF_TOKEN"),
+    ("RevisionNotFoundError", 404, "has no revision 'v9'"),
+    ("RepositoryNotFoundError", 404, "not found on the Hub.*HF_TOKEN"),
+])
+def test_online_hub_errors_are_one_line(monkeypatch, error, status, match):
+    """What the Hub answers (gated repo without a token, unknown revision, unknown repo), as one line."""
     import httpx2 as httpx
+    import huggingface_hub
+    from huggingface_hub import errors
 
-    def gated(*args, **kwargs):  # what the Hub answers for a gated repo without a token
+    def answer(*args, **kwargs):
         request = httpx.Request("GET", "https://huggingface.co/api/models/meta-llama/Llama-3.1-8B-Instruct")
-        raise GatedRepoError("401 gated", response=httpx.Response(401, request=request))
+        raise getattr(errors, error)(f"{status}", response=httpx.Response(status, request=request))
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", gated)
-    with pytest.raises(SpecbenchError, match="gated.*HF_TOKEN"):
-        hub.resolve("meta-llama/Llama-3.1-8B-Instruct", what="target")
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", answer)
+    with pytest.raises(SpecbenchError, match=match) as err:
+        hub.resolve("meta-llama/Llama-3.1-8B-Instruct@v9", what="target")
+    assert "\n" not in str(err.value)
 
 
 # ---- EAGLE-3 layouts -----------------------------------------------------------------------------
