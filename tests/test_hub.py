@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 from methods.dflash import DFlashDrafter, DFlashOptions
-from methods.eagle3 import Eagle3Drafter, Eagle3Model, Eagle3Options, eagle3_taps
+from methods.eagle3 import Eagle3Drafter, Eagle3Options, eagle3_taps
 from methods.medusa import MedusaDrafter, MedusaOptions
 from methods.specblock import SpecBlockDrafter, SpecBlockOptions
 from specbench import hub
