@@ -399,3 +399,29 @@ def test_also_sides_take_hub_revisions():
     assert side.options == {"path": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B@v1", "top_k": "4"}
     with pytest.raises(SpecbenchError, match="--also expects"):
         parse_also("eagle3@top_k=4@oops")
+
+
+def test_dflash_published_logit_and_embedding_knobs(cache, tmp_path):
+    """dflash_config's input_embedding_scale, output_multiplier and final_logit_softcapping act as in
+    z-lab's model.py; causal block attention is refused in one line."""
+    from test_dflash import LAYERS as DLAYERS, published_checkpoint
+
+    dtarget = tiny_target(0, layers=DLAYERS, init=0.5)
+    build = tmp_path / "build"
+    build.mkdir()
+    published_checkpoint(build, dtarget)
+    raw = json.loads((build / "config.json").read_text())
+    raw["dflash_config"].update(input_embedding_scale=2.0, output_multiplier=0.5, final_logit_softcapping=3.0)
+    (build / "config.json").write_text(json.dumps(raw))
+    publish(cache, "z-lab/Tiny-DFlash-knobs", build)
+    model = ready(DFlashDrafter(DFlashOptions(path="z-lab/Tiny-DFlash-knobs")), dtarget).model
+    h = torch.randn(3, dtarget.hidden_size)
+    plain = torch.nn.functional.linear(model.norm(h), dtarget.model.get_output_embeddings().weight)
+    assert torch.allclose(model.logits(h), torch.tanh(plain * 0.5 / 3.0) * 3.0, atol=1e-5)
+    ids = torch.tensor([1, 2])
+    assert torch.allclose(model.embed(ids), 2.0 * dtarget.model.get_input_embeddings()(ids))
+    raw["dflash_config"]["is_causal"] = True
+    (build / "config.json").write_text(json.dumps(raw))
+    publish(cache, "z-lab/Tiny-DFlash-causal", build)
+    with pytest.raises(SpecbenchError, match="is_causal"):
+        ready(DFlashDrafter(DFlashOptions(path="z-lab/Tiny-DFlash-causal")), dtarget)
