@@ -223,6 +223,10 @@ class Target:
         model, tok, source = load_located(locate_model(spec, revision, "target"), dtype, device, attn_implementation)
         target = cls(model, tok, name=source.repo_id or spec)
         target.source = source
+        if tok is not None:  # the tokenizer's template, or vicuna_v1.1 for a Vicuna without one
+            from specbench.prompts import ChatFormat
+
+            target.chat = ChatFormat().resolve(tok, target.name)
         return target
 
     def _eos_ids(self) -> set[int]:

@@ -425,3 +425,18 @@ def test_dflash_published_logit_and_embedding_knobs(cache, tmp_path):
     publish(cache, "z-lab/Tiny-DFlash-causal", build)
     with pytest.raises(SpecbenchError, match="is_causal"):
         ready(DFlashDrafter(DFlashOptions(path="z-lab/Tiny-DFlash-causal")), dtarget)
+
+
+def test_vicuna_target_without_template_renders_fastchat(models, tmp_path):
+    from transformers import AutoTokenizer
+
+    from conftest import save_tiny
+    from specbench.target import Target
+
+    tok = AutoTokenizer.from_pretrained(models["target"])
+    tok.chat_template = None
+    target = Target.load(save_tiny(tmp_path / "tiny-vicuna-v1.3", tok, 0), "float32")
+    assert target.chat.template == "vicuna_v1.1"
+    ids = render_chat(target.tokenizer, [{"role": "user", "content": "Hi"}], chat=target.chat)
+    assert ids == tok(vicuna_v1_1([{"role": "user", "content": "Hi"}]))["input_ids"]
+    assert tok.decode(ids).endswith("USER: Hi ASSISTANT:")
