@@ -96,7 +96,8 @@ def ddtree_from_log_probs(log_q: torch.Tensor, budget: int, to_target_ids=None) 
 
 @dataclass
 class DDTreeOptions:
-    path: str = ""  # DFlash drafter folder (ours or the published layout); empty = drafters/<target>/dflash
+    path: str = ""  # DFlash drafter folder or hub id org/name[@rev] (ours or the published layout); empty = drafters/<target>/dflash
+    revision: str = ""  # hub revision of path; empty = main
     # Node budget B (drafted nodes, root excluded). Paper: {16..1024}, best 256-512 on an H200; this
     # CPU's verify cost grows past ~32 rows, so 32 here.
     budget: int = 32

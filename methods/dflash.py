@@ -37,8 +37,8 @@ from specbench.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
 from specbench.target import Target, TargetOutput
 from specbench.training.batch import TrainBatch
-from specbench.training.checkpoint import (CONFIG, load_drafter, load_state_exactly, read_drafter_config,
-                                          read_weights, save_drafter, target_fingerprint)
+from specbench.training.checkpoint import (CONFIG, found_layout, load_drafter, load_state_exactly,
+                                          read_drafter_config, read_weights, save_drafter, target_fingerprint)
 from specbench.tree import DraftTree, SiblingKind
 
 METHOD = "dflash"
@@ -83,6 +83,11 @@ class DFlashConfig:
     rope_theta: float = 10000.0
     rope_scaling: dict | None = None
     max_position_embeddings: int = 2048
+    # Published dflash_config knobs (z-lab dflash/model.py): block input embeddings x scale; logits
+    # x multiplier, then tanh soft-capping when > 0.
+    input_embedding_scale: float = 1.0
+    output_multiplier: float = 1.0
+    final_logit_softcapping: float = 0.0
 
     @classmethod
     def from_target(cls, target: Target, layers: int, block_size: int, mask_token_id: int,
@@ -109,9 +114,18 @@ class DFlashConfig:
         missing = [k for k in required if k not in raw]
         if missing or "mask_token_id" not in extra:
             missing += [] if "mask_token_id" in extra else ["dflash_config.mask_token_id"]
-            raise SpecbenchError(f"{source} lacks {', '.join(missing)}; it is not a DFlash config")
+            raise SpecbenchError(f"{source} lacks {', '.join(missing)}; it is not a DFlash drafter "
+                                 f"({found_layout(Path(source).parent)})")
         if raw.get("use_sliding_window") and raw.get("sliding_window"):
             raise SpecbenchError(f"{source} uses sliding-window attention, which this DFlash loader does not support")
+        if extra.get("is_causal", raw.get("is_causal")):
+            raise SpecbenchError(f"{source} asks for causal attention inside the block (is_causal), which this DFlash "
+                                 "loader does not support")
+
+        def knob(name: str, default: float) -> float:  # dflash_config first, then the top level (as z-lab reads it)
+            value = extra.get(name, raw.get(name))
+            return default if value is None else float(value)
+
         heads, layers = raw["num_attention_heads"], raw["num_hidden_layers"]
         target_layers = raw.get("num_target_layers")
         ids = extra.get("target_layer_ids") or (default_layer_ids(target_layers, layers) if target_layers else None)
@@ -127,7 +141,10 @@ class DFlashConfig:
                    block_size=int(raw.get("block_size") or extra.get("block_size") or 16),
                    mask_token_id=int(extra["mask_token_id"]), target_layer_ids=[int(i) for i in ids],
                    hidden_act=raw.get("hidden_act", "silu"), rope_theta=theta, rope_scaling=scaling,
-                   max_position_embeddings=raw.get("max_position_embeddings", 2048))
+                   max_position_embeddings=raw.get("max_position_embeddings", 2048),
+                   input_embedding_scale=knob("input_embedding_scale", 1.0),
+                   output_multiplier=knob("output_multiplier", 1.0),
+                   final_logit_softcapping=knob("final_logit_softcapping", 0.0))
 
 
 class _Attrs:
@@ -253,7 +270,7 @@ class DFlashModel(nn.Module):
         if not self._target:
             raise RuntimeError("DFlashModel has no target embedding; call attach(target) first")
         with torch.no_grad():
-            return self._target[0](ids).to(self.dtype)
+            return (self._target[0](ids) * self.config.input_embedding_scale).to(self.dtype)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Target lm_head (its draft-vocabulary rows) on the final norm -> [..., draft V]; the lm_head
@@ -264,7 +281,13 @@ class DFlashModel(nn.Module):
             if self.config.draft_vocab_size:
                 weight = weight[self.vocab_ids.to(weight.device)]
             weight = self._head_rows = weight.to(hidden.dtype)
-        return F.linear(self.norm(hidden), weight)
+        logits = F.linear(self.norm(hidden), weight)
+        cfg = self.config
+        if cfg.output_multiplier != 1.0:
+            logits = logits * cfg.output_multiplier
+        if cfg.final_logit_softcapping > 0:
+            logits = torch.tanh(logits / cfg.final_logit_softcapping) * cfg.final_logit_softcapping
+        return logits
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return self.vocab_ids[draft_ids] if self.config.draft_vocab_size else draft_ids
@@ -458,7 +481,8 @@ def training_mask(starts: torch.Tensor, context_len: int, block: int) -> torch.T
 # ---- the drafter -----------------------------------------------------------------------------
 @dataclass
 class DFlashOptions:
-    path: str = ""  # drafter folder (ours or the published DFlash layout); empty = drafters/<target>/dflash
+    path: str = ""  # drafter folder or hub id org/name[@rev] (ours or the published z-lab layout); empty = drafters/<target>/dflash
+    revision: str = ""  # hub revision of path; empty = main
 
 
 class DFlashDrafter(Drafter):
@@ -466,6 +490,7 @@ class DFlashDrafter(Drafter):
 
     name = METHOD
     Options = DFlashOptions
+    weight_options = ("path",)
 
     def __init__(self, options=None, model: DFlashModel | None = None) -> None:
         super().__init__(options)
@@ -480,7 +505,10 @@ class DFlashDrafter(Drafter):
         self.taps = self.model.taps
 
     def _folder(self, target: Target) -> Path:
-        folder = Path(self.options.path or SHIPPED_DIR / target.name / METHOD).expanduser()
+        shipped = SHIPPED_DIR / target.name / METHOD
+        folder = self.resolve_weights("path", shipped, f"{self.name} needs a DFlash drafter for target {target.name!r} "
+                                      f"({{path}} does not exist); train one with `specbench train dflash` or pass "
+                                      "--opt path=FOLDER_OR_HUB_ID")
         if not (folder / CONFIG).is_file():
             raise SpecbenchError(f"{self.name} needs a DFlash drafter for target {target.name!r} ({folder} has no "
                                  f"{CONFIG}); train one with `specbench train dflash` or pass --opt path=FOLDER")

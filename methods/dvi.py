@@ -195,6 +195,7 @@ class DVIDrafter(Drafter):
     name = "dvi"
     Options = DVIOptions
     learns = True
+    weight_options = ("head",)
 
     def __init__(self, options: DVIOptions | None = None) -> None:
         super().__init__(options)
@@ -217,7 +218,7 @@ class DVIDrafter(Drafter):
         self.head = DraftHead(head_out, target.model.model.norm, o.rank, o.alpha, o.dropout, self.gen)
         self.head.to(target.device)
         if o.head:
-            self.load_head(o.head)
+            self.load_head(self.resolve_weights("head"))
         params = self.head.trainable()
         self.optimizer = torch.optim.AdamW(
             [{"params": [params["lora_A"], params["lora_B"]], "weight_decay": o.weight_decay},

@@ -32,14 +32,15 @@ from specbench.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
 from specbench.target import Target, TargetOutput
 from specbench.training.batch import TrainBatch
-from specbench.training.checkpoint import (CONFIG, load_drafter, load_state_exactly, read_drafter_config,
-                                          read_weights, save_drafter, target_fingerprint)
+from specbench.training.checkpoint import (CONFIG, found_layout, load_drafter, load_state_exactly,
+                                          read_drafter_config, read_weights, save_drafter, target_fingerprint)
 from specbench.tree import DraftTree, SiblingKind
 
 KV = tuple[torch.Tensor, torch.Tensor]  # keys, values: [B, kv_heads, S, head_dim]
 
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "drafters"
-OFFICIAL_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+# The official loader (SafeAILab/EAGLE ea_model.py) tries pytorch_model.bin first, then model.safetensors.
+OFFICIAL_WEIGHTS = ("pytorch_model.bin", "model.safetensors")
 # Official keys we deliberately drop: the embedding is the target's; inv_freq is derived from config.
 OFFICIAL_IGNORED = ("embed_tokens.weight",)
 OFFICIAL_IGNORED_SUFFIX = "rotary_emb.inv_freq"
@@ -68,6 +69,15 @@ class Eagle3Config:
     rope_theta: float = 10000.0
     rope_scaling: dict | None = None  # HF rope parameters beyond theta (llama3, linear, ...)
     max_position_embeddings: int = 2048
+    # Published variants (SpecForge LlamaForCausalLMEagle3): taps of a wider/narrower target (fc reads
+    # taps x target_hidden_size; 0 = hidden_size), an RMSNorm per tap before fc, no norm before lm_head.
+    target_hidden_size: int = 0
+    fc_norm: bool = False
+    norm_output: bool = True
+
+    @property
+    def tap_size(self) -> int:
+        return self.target_hidden_size or self.hidden_size
 
     @classmethod
     def from_target(cls, target: Target, draft_vocab: int) -> "Eagle3Config":
@@ -75,8 +85,12 @@ class Eagle3Config:
 
     @classmethod
     def from_official(cls, raw: dict, source: str) -> "Eagle3Config":
-        """From an official EAGLE-3 ``config.json`` (Llama-style keys)."""
-        return cls(**official_layer_shapes(raw, source, "EAGLE-3"))
+        """From an official EAGLE-3 ``config.json`` (Llama-style keys, optional ``target_hidden_size``,
+        ``fc_norm``, ``norm_output``)."""
+        tapped = raw.get("target_hidden_size") or 0
+        return cls(**official_layer_shapes(raw, source, "EAGLE-3"),
+                   target_hidden_size=0 if tapped == raw.get("hidden_size") else int(tapped),
+                   fc_norm=bool(raw.get("fc_norm", False)), norm_output=bool(raw.get("norm_output", True)))
 
 
 def target_layer_shapes(target: Target) -> dict:
@@ -100,7 +114,7 @@ def official_layer_shapes(raw: dict, source: str, kind: str, eps: float = 1e-6) 
     missing = [k for k in required if k not in raw]
     if missing:
         raise SpecbenchError(f"{source} lacks {', '.join(missing)}; it is not a{'n' if kind[0] in 'AEIOU' else ''} "
-                             f"{kind} config")
+                             f"{kind} drafter ({found_layout(Path(source).parent)})")
     heads = raw["num_attention_heads"]
     scaling = raw.get("rope_scaling")
     if scaling and scaling.get("rope_type", scaling.get("type")) == "default":
@@ -250,14 +264,20 @@ class Eagle3Model(nn.Module):
 
     ``d2t`` [draft V] maps draft ids to target ids (target = draft + d2t[draft]); ``t2d`` [V] marks
     target ids inside the draft vocabulary. The token embedding is the target's, frozen and only
-    referenced (not a submodule), so it is neither trained nor saved."""
+    referenced (not a submodule), so it is neither trained nor saved; a published drafter narrower
+    or wider than its target brings its own (``own_embedding``, frozen, key ``embed_tokens.weight``)."""
 
-    def __init__(self, config: Eagle3Config, taps: Sequence[int], embedding: nn.Module | None = None) -> None:
+    def __init__(self, config: Eagle3Config, taps: Sequence[int], embedding: nn.Module | None = None,
+                 own_embedding: torch.Tensor | None = None) -> None:
         super().__init__()
         self.config = config
         self.taps = tuple(taps)
         h = config.hidden_size
-        self.fc = nn.Linear(len(self.taps) * h, h, bias=False)
+        self.fc = nn.Linear(len(self.taps) * config.tap_size, h, bias=False)
+        if config.fc_norm:  # SpecForge: RMSNorm each tap before fc
+            self.fc_norm = nn.ModuleList(RMSNorm(config.tap_size, config.rms_norm_eps) for _ in self.taps)
+        if own_embedding is not None:
+            self.embed_tokens = nn.Embedding.from_pretrained(own_embedding, freeze=True)
         self.midlayer = DecoderLayer(config)
         self.norm = RMSNorm(h, config.rms_norm_eps)
         self.lm_head = nn.Linear(h, config.draft_vocab_size, bias=False)
@@ -286,8 +306,8 @@ class Eagle3Model(nn.Module):
 
     @property
     def trainable(self) -> set[str]:
-        """Names of the trained parameters: all of them (the frozen embedding is not a parameter)."""
-        return {name for name, _ in self.named_parameters()}
+        """Names of the trained parameters: all but a drafter-owned frozen embedding."""
+        return {name for name, _ in self.named_parameters() if not name.startswith("embed_tokens.")}
 
     @property
     def dtype(self) -> torch.dtype:
@@ -295,18 +315,23 @@ class Eagle3Model(nn.Module):
 
     # ---- building blocks ----------------------------------------------------------------
     def embed(self, target_ids: torch.Tensor) -> torch.Tensor:
-        if not self._embedding:
+        embedding = getattr(self, "embed_tokens", None) or (self._embedding[0] if self._embedding else None)
+        if embedding is None:
             raise RuntimeError("Eagle3Model has no token embedding; call attach_embedding(target embedding)")
         with torch.no_grad():
-            return self._embedding[0](target_ids).to(self.dtype)
+            return embedding(target_ids).to(self.dtype)
 
     def fuse(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Target taps (3H) go through fc; the drafter's own output (H) is already fused."""
+        """Target taps (3 x tap size) go through fc; the drafter's own output (H) is already fused."""
         hidden = hidden.to(self.dtype)
-        return self.fc(hidden) if hidden.shape[-1] != self.config.hidden_size else hidden
+        if hidden.shape[-1] != self.fc.in_features:
+            return hidden
+        if self.config.fc_norm:
+            hidden = torch.cat([norm(x) for norm, x in zip(self.fc_norm, hidden.chunk(len(self.taps), -1))], -1)
+        return self.fc(hidden)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.norm(hidden))
+        return self.lm_head(self.norm(hidden) if self.config.norm_output else hidden)
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]
@@ -418,9 +443,11 @@ def check_taps(taps: Sequence[int], target: Target, folder: str | Path) -> tuple
 
 
 def check_layer_shapes(arch, target: Target, folder: str | Path, kind: str) -> None:
-    """A drafter built on the target's hidden states and vocabulary must match both."""
-    if arch.hidden_size != target.hidden_size:
-        raise SpecbenchError(f"drafter {folder} has hidden size {arch.hidden_size} but target {target.name!r} has "
+    """A drafter built on the target's hidden states and vocabulary must match both (an EAGLE-3
+    drafter with ``target_hidden_size`` reads taps of that size through its own width)."""
+    tapped = getattr(arch, "target_hidden_size", 0) or arch.hidden_size
+    if tapped != target.hidden_size:
+        raise SpecbenchError(f"drafter {folder} has hidden size {tapped} but target {target.name!r} has "
                              f"{target.hidden_size}; use {kind} drafter trained for this target")
     if arch.vocab_size != target.vocab_size:
         raise SpecbenchError(f"drafter {folder} maps a vocabulary of {arch.vocab_size} tokens but target "
@@ -428,9 +455,9 @@ def check_layer_shapes(arch, target: Target, folder: str | Path, kind: str) -> N
 
 
 def _build(cls: type[Eagle3Model], arch: Eagle3Config, taps: Sequence[int], target: Target,
-           folder: str | Path) -> Eagle3Model:
+           folder: str | Path, own_embedding: torch.Tensor | None = None) -> Eagle3Model:
     check_layer_shapes(arch, target, folder, "an EAGLE-3")
-    return cls(arch, taps, target.model.get_input_embeddings())
+    return cls(arch, taps, target.model.get_input_embeddings(), own_embedding)
 
 
 def _fill(model: Eagle3Model, state: dict[str, torch.Tensor], folder: str | Path) -> Eagle3Model:
@@ -454,15 +481,44 @@ def _map_official(state: dict[str, torch.Tensor], expected: set[str], folder: Pa
     return {k: state[k] for k in expected}
 
 
+def official_taps(raw: dict, target: Target, folder: Path) -> tuple[int, ...]:
+    """``eagle_config.eagle_aux_hidden_state_layer_ids`` (SpecForge/SGLang: the output of layer i,
+    i.e. HF ``hidden_states[i + 1]``), else the EAGLE-3 default taps of this target."""
+    ids = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if ids is None:
+        return eagle3_taps(target.num_layers)
+    bad = [i for i in ids if not isinstance(i, int) or not 0 <= i < target.num_layers - 1]
+    if bad or not ids:
+        raise SpecbenchError(f"drafter {folder} taps target layers {ids}, outside 0..{target.num_layers - 2} of "
+                             f"target {target.name!r}; use the drafter published for this target")
+    return tuple(i + 1 for i in ids)
+
+
 def _load_official(cls: type[Eagle3Model], folder: Path, raw: dict, target: Target) -> Eagle3Model:
     arch = Eagle3Config.from_official(raw, str(folder / CONFIG))
-    tapped = raw.get("target_hidden_size", arch.hidden_size)  # some trainers record the fc input width
-    if tapped != target.hidden_size:
-        raise SpecbenchError(f"drafter {folder} fuses taps of hidden size {tapped} but target {target.name!r} has "
-                             f"{target.hidden_size}; use an EAGLE-3 drafter trained for this target")
-    model = _build(cls, arch, eagle3_taps(target.num_layers), target, folder)
-    state = _map_official(_read_official_weights(folder), set(model.state_dict()), folder)
-    return _fill(model, state, folder)
+    if arch.tap_size != target.hidden_size:
+        raise SpecbenchError(f"drafter {folder} fuses taps of hidden size {arch.tap_size} but target {target.name!r} "
+                             f"has {target.hidden_size}; use an EAGLE-3 drafter trained for this target")
+    taps = official_taps(raw, target, folder)
+    state = _read_official_weights(folder)
+    own = None
+    if arch.hidden_size != target.hidden_size:
+        # Narrower/wider than the target: the official loader takes this drafter's embedding from its checkpoint.
+        own = state.get("embed_tokens.weight")
+        if own is None:
+            raise SpecbenchError(f"EAGLE-3 checkpoint {folder} has hidden size {arch.hidden_size} (target "
+                                 f"{target.hidden_size}) but no embed_tokens.weight of that width")
+    if arch.draft_vocab_size == arch.vocab_size:
+        # Full-vocabulary drafter: no mapping (the official loader deletes d2t/t2d; the file may omit them).
+        state = {k: v for k, v in state.items() if k not in ("d2t", "t2d")}
+    elif "d2t" in state and "t2d" not in state:  # t2d only marks the targets of d2t
+        t2d = torch.zeros(arch.vocab_size, dtype=torch.bool)
+        t2d[torch.arange(arch.draft_vocab_size) + state["d2t"].long()] = True
+        state["t2d"] = t2d
+    model = _build(cls, arch, taps, target, folder, own)
+    if arch.draft_vocab_size == arch.vocab_size:
+        state.update(d2t=model.d2t, t2d=model.t2d)  # the identity mapping
+    return _fill(model, _map_official(state, set(model.state_dict()), folder), folder)
 
 
 # ---- tree selection (pure) -------------------------------------------------------------------
@@ -493,7 +549,8 @@ def candidates_to_tree(tokens: torch.Tensor, parents: torch.Tensor, scores: torc
 # ---- the drafter -----------------------------------------------------------------------------
 @dataclass
 class Eagle3Options:
-    path: str = ""  # drafter folder (ours or official EAGLE-3); empty = drafters/<target>/eagle3
+    path: str = ""  # drafter folder or hub id org/name[@rev] (ours or official EAGLE-3); empty = drafters/<target>/eagle3
+    revision: str = ""  # hub revision of path (branch, tag or commit); empty = main
     top_k: int = 10  # frontier width and children per frontier node
     depth: int = 7  # tree-growing forwards after the first (tree depth <= depth + 1)
     total_tokens: int = 60  # verify rows incl. the root: at most total_tokens - 1 draft nodes
@@ -514,6 +571,7 @@ class _Frontier:
 class Eagle3Drafter(Drafter):
     name = "eagle3"
     Options = Eagle3Options
+    weight_options = ("path",)
 
     def __init__(self, options: Eagle3Options | None = None, model: Eagle3Model | None = None) -> None:
         super().__init__(options)
@@ -526,10 +584,10 @@ class Eagle3Drafter(Drafter):
     def setup(self, target: Target) -> None:
         super().setup(target)
         if self.model is None:
-            path = Path(self.options.path or SHIPPED_DIR / target.name / "eagle3").expanduser()
-            if not path.is_dir():
-                raise SpecbenchError(f"eagle3 needs a drafter folder for target {target.name!r} ({path} does not "
-                                     "exist); pass --opt path=FOLDER (ours or the official EAGLE-3 layout)")
+            shipped = SHIPPED_DIR / target.name / "eagle3"
+            path = self.resolve_weights("path", shipped, f"eagle3 needs a drafter folder for target {target.name!r} "
+                                        f"({{path}} does not exist); pass --opt path=FOLDER_OR_HUB_ID (ours or the "
+                                        "official EAGLE-3 layout)")
             self.model = Eagle3Model.load(path, target)
         self.model.to(device=target.device, dtype=target.dtype).eval()
         self.taps = self.model.taps

@@ -30,8 +30,8 @@ from specbench.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
 from specbench.target import Target
 from specbench.training.batch import TrainBatch
-from specbench.training.checkpoint import (load_drafter, read_drafter_config, read_weights, save_drafter,
-                                           target_fingerprint)
+from specbench.training.checkpoint import (found_layout, load_drafter, read_drafter_config, read_weights,
+                                           save_drafter, target_fingerprint)
 from specbench.tree import DraftTree, SiblingKind
 
 METHOD = "medusa"
@@ -204,7 +204,7 @@ def load_medusa(folder: str | Path, target: Target) -> MedusaHeads:
         heads = _load_official(folder, config, target)
     else:
         raise SpecbenchError(f"{folder} is not a Medusa drafter (config.json has neither method='medusa' nor "
-                             "medusa_num_heads)")
+                             f"medusa_num_heads; {found_layout(folder)})")
     heads.ensure_lm_head(target.model.get_output_embeddings())
     return heads
 
@@ -269,11 +269,23 @@ def official_key_map(num_heads: int, num_layers: int) -> dict[str, tuple[str, in
     return keys
 
 
+def official_shape(state: dict[str, torch.Tensor], folder) -> tuple[int, int]:
+    """(heads, ResBlocks per head) from the weights' keys ``{k}.{j}.linear.*`` and ``{k}.{layers}.weight``.
+    The uploaded configs are not reliable: FasterDecoding/medusa-vicuna-7b-v1.3 says 2 heads while its
+    medusa_lm_head.pt holds 5 (the authors' loader overrides it to 5)."""
+    heads = {int(k.split(".", 1)[0]) for k in state if k.split(".", 1)[0].isdigit()}
+    if not heads or heads != set(range(len(heads))):
+        raise SpecbenchError(f"Medusa checkpoint {folder} has no heads numbered 0..K-1 (keys: "
+                             f"{', '.join(sorted(state)[:4])}...)")
+    blocks = {int(k.split(".")[1]) for k in state if k.startswith("0.") and ".linear." in k}
+    return len(heads), len(blocks)
+
+
 def _load_official(folder, config: dict, target: Target) -> MedusaHeads:
-    num_heads, num_layers = int(config["medusa_num_heads"]), int(config.get("medusa_num_layers", 1))
     state = _read_official_weights(folder)
     if state and all(k.startswith("medusa_head.") for k in state):  # saved from the wrapping model
         state = {k[len("medusa_head."):]: v for k, v in state.items()}
+    num_heads, num_layers = official_shape(state, folder)
     key_map = official_key_map(num_heads, num_layers)
     _check_keys(set(state), set(key_map), folder)
     vocab, hidden = state[f"0.{num_layers}.weight"].shape
@@ -369,7 +381,8 @@ class TreeSkeleton:
 # ---- drafter --------------------------------------------------------------------------------------
 @dataclass
 class MedusaOptions:
-    path: str = ""  # heads folder (ours or the official Medusa layout); empty = drafters/<target>/medusa
+    path: str = ""  # heads folder or hub id org/name[@rev] (ours or the official Medusa layout); empty = drafters/<target>/medusa
+    revision: str = ""  # hub revision of path; empty = main
     topk: int = 10  # candidates per head (reference TOPK)
     choices: str = "mc_sim_7b_63"  # a built-in tree name or a JSON list of rank paths
     heads: int = 0  # use the first N heads; 0 = all in the checkpoint
@@ -382,6 +395,7 @@ class MedusaOptions:
 class MedusaDrafter(Drafter):
     name = METHOD
     Options = MedusaOptions
+    weight_options = ("path",)
     taps = (-1,)  # the final-norm output that lm_head reads
 
     def __init__(self, options: MedusaOptions | None = None, heads: MedusaHeads | None = None) -> None:
@@ -412,7 +426,9 @@ class MedusaDrafter(Drafter):
         self.skeleton = TreeSkeleton.build(self.choices, heads.num_heads, self.topk, target.device)
 
     def _folder(self, target: Target) -> Path:
-        folder = Path(self.options.path) if self.options.path else SHIPPED_DIR / target.name / METHOD
+        shipped = SHIPPED_DIR / target.name / METHOD
+        folder = self.resolve_weights("path", shipped, f"medusa needs trained heads for target {target.name!r}: pass "
+                                      f"--opt path=FOLDER_OR_HUB_ID; {{path}} does not exist")
         if not (folder / "config.json").is_file():
             raise SpecbenchError(f"medusa needs trained heads for target {target.name!r}: pass --opt path=FOLDER "
                                  f"(our checkpoint or an official Medusa folder); {folder} has no config.json")

@@ -303,7 +303,8 @@ def keep_drafting(alphas: list[float], threshold: float) -> bool:
 @dataclass
 class PacerOptions:
     draft: str = ""  # the SpS draft model (empty = the shipped one for the target)
-    pacer: str = ""  # pre-verification layer folder (empty = drafters/<target>/pacer)
+    pacer: str = ""  # pre-verification layer folder or hub id org/name[@rev] (empty = drafters/<target>/pacer)
+    revision: str = ""  # hub revision of draft; empty = main
     block: int = 4  # b: drafts per pre-verification
     threshold: float = 0.7  # t_0: stop when a block's mean predicted acceptance <= t
     rho: float = 1.05  # growth of t per passed block (1.0 = no growth)
@@ -315,6 +316,7 @@ class PacerDrafter(SpSDrafter):
     name = "pacer"
     Options = PacerOptions
     shipped = "pacer"  # folder under drafters/<target>/
+    weight_options = ("draft", "pacer")
 
     def __init__(self, options: PacerOptions | None = None, model=None, tokenizer=None, preverifier=None) -> None:
         super().__init__(options, model, tokenizer)
@@ -328,7 +330,9 @@ class PacerDrafter(SpSDrafter):
     def setup(self, target: Target) -> None:
         super().setup(target)
         if self.mb is None:
-            folder = Path(self.options.pacer) if self.options.pacer else DRAFTERS / Path(target.name).name / self.shipped
+            shipped = DRAFTERS / Path(target.name).name / self.shipped
+            folder = self.resolve_weights("pacer", shipped, f"{self.name}: no pre-verification layer at {{path}}; train "
+                                          "one with `specbench train pacer --out DIR` and pass --opt pacer=DIR/drafter")
             if not (folder / "config.json").is_file():
                 raise SpecbenchError(f"{self.name}: no pre-verification layer at {folder}; train one with "
                                      f"`specbench train pacer --out DIR` and pass --opt pacer=DIR/drafter")

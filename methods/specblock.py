@@ -44,7 +44,8 @@ SHIPPED_DIR = Path(__file__).resolve().parent.parent / "drafters"
 
 @dataclass
 class SpecBlockOptions:
-    path: str = ""  # drafter folder (ours or the published layout); empty = drafters/<target>/<variant>
+    path: str = ""  # drafter folder or hub id org/name[@rev] (ours or the published layout); empty = drafters/<target>/<variant>
+    revision: str = ""  # hub revision of path; empty = main
     budget: int = 60  # draft nodes verified per call (paper <= 60; reference 90)
     blocks: int = 2  # M: drafter forwards per call
     beam_width: int = 10  # block-1 slot-0 width, and the most starts per later block
@@ -83,6 +84,7 @@ class SpecBlockDrafter(Drafter):
     name = "specblock"
     Options = SpecBlockOptions
     weights_name = "specblock"  # shipped folder under drafters/<target>/
+    weight_options = ("path",)
 
     def __init__(self, options: SpecBlockOptions | None = None, model: SpecBlockModel | None = None) -> None:
         super().__init__(options)
@@ -99,12 +101,12 @@ class SpecBlockDrafter(Drafter):
     def setup(self, target: Target) -> None:
         super().setup(target)
         if self.model is None:
-            path = Path(self.options.path or SHIPPED_DIR / target.name / self.weights_name).expanduser()
-            if not path.is_dir():
-                variant = self.weights_name.removeprefix("specblock").lstrip("-")
-                command = "specbench train specblock" + (f" --variant {variant}" if variant else "")
-                raise SpecbenchError(f"{self.name} needs a drafter folder for target {target.name!r} ({path} does not "
-                                     f"exist); pass --opt path=FOLDER or train one with `{command}`")
+            shipped = SHIPPED_DIR / target.name / self.weights_name
+            variant = self.weights_name.removeprefix("specblock").lstrip("-")
+            command = "specbench train specblock" + (f" --variant {variant}" if variant else "")
+            path = self.resolve_weights("path", shipped, f"{self.name} needs a drafter folder for target {target.name!r} "
+                                        f"({{path}} does not exist); pass --opt path=FOLDER_OR_HUB_ID or train one "
+                                        f"with `{command}`")
             self.model = load_specblock(path, target)
         self.model.to(device=target.device, dtype=target.dtype).eval()
         self.taps = self.model.taps

@@ -16,7 +16,7 @@ import torch
 from specbench import kvcache
 from specbench.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
-from specbench.target import Target, load_causal_lm, resolve_dtype
+from specbench.target import Target, load_located, locate_model, resolve_dtype
 from specbench.training.checkpoint import read_drafter_config
 from specbench.tree import DraftTree, SiblingKind
 from specbench.verify import logits_to_probs
@@ -28,9 +28,10 @@ SHIPPED_DRAFTS = {"smollm2-135m": Path(__file__).resolve().parent.parent / "draf
 
 @dataclass
 class SpSOptions:
-    # Draft model: a folder, .gguf file or hub id; "truncated:N" = the target's first N layers
-    # (untrained, weak: a starting point for distillation); empty = the shipped one for the target.
+    # Draft model: a folder, .gguf file or hub id org/name[@rev]; "truncated:N" = the target's first N
+    # layers (untrained, weak: a starting point for distillation); empty = the shipped one for the target.
     draft: str = ""
+    revision: str = ""  # hub revision of draft; empty = main
     gamma: int = 5  # chain length
     dtype: str = ""  # draft dtype; empty = the target's
 
@@ -72,6 +73,13 @@ def truncated_copy(target: Target, spec: str):
 class SpSDrafter(Drafter):
     name = "sps"
     Options = SpSOptions
+    weight_options = ("draft",)
+
+    @classmethod
+    def builtin_reference(cls, spec: str) -> bool:
+        from specbench.target import _EMBEDDED
+
+        return spec.startswith("truncated:") or spec in _EMBEDDED
 
     def __init__(self, options: SpSOptions | None = None, model=None, tokenizer=None) -> None:
         super().__init__(options)
@@ -89,10 +97,13 @@ class SpSDrafter(Drafter):
                 raise SpecbenchError(f"sps needs a draft model for target {target.name!r}; pass --opt draft=PATH_OR_HUB_ID "
                                      "(same tokenizer as the target)")
             dtype = resolve_dtype(self.options.dtype or target.dtype)
-            if (Path(spec) / "config.json").is_file() and is_student(read_drafter_config(spec)):
-                self.model, self.tokenizer = load_student(spec, target, dtype), target.tokenizer
+            source = locate_model(spec, getattr(self.options, "revision", "") or None, f"{self.name} draft")
+            self.sources["draft"] = source
+            if (source.path / "config.json").is_file() and is_student(read_drafter_config(source.path)):
+                self.model, self.tokenizer = load_student(source.path, target, dtype), target.tokenizer
             else:
-                self.model, self.tokenizer = load_causal_lm(spec, dtype, str(target.device), target.attn_implementation)
+                self.model, self.tokenizer, _ = load_located(source, dtype, str(target.device),
+                                                             target.attn_implementation)
         self.model.eval()
         draft_vocab = self.model.get_output_embeddings().weight.shape[0]
         check_same_vocabulary(target.tokenizer, self.tokenizer, target.vocab_size, draft_vocab,

@@ -29,6 +29,7 @@ from specbench.errors import SpecbenchError
 @dataclass
 class SpSConfidenceOptions:
     draft: str = ""  # as for sps
+    revision: str = ""  # hub revision of draft; empty = main
     gamma: int = 5  # initial chain length (HF assisted generation's original num_assistant_tokens)
     threshold: float = 0.4  # initial confidence threshold (HF default assistant_confidence_threshold)
     schedule: bool = True  # +2 after a fully accepted chain, -1 otherwise

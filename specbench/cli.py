@@ -50,7 +50,8 @@ def _parse_opts(opts: list[str], config: Optional[Path]) -> dict:
 def run(
     method: Optional[str] = typer.Option(None, "--method", "-m", help="Method name (see `specbench list methods`)."),
     bench: Optional[str] = typer.Option(None, "--bench", "-b", help="Benchmark name or a .jsonl file."),
-    target: str = typer.Option("smollm2-135m", help="Target: smollm2-135m, a .gguf file, a model folder or a hub id."),
+    target: str = typer.Option("smollm2-135m", help="Target: smollm2-135m, a .gguf file, a model folder or a hub id "
+                               "org/name or org/name@REVISION."),
     temperature: float = typer.Option(0.0, help="0 = greedy; > 0 samples (lossless either way)."),
     top_k: int = typer.Option(0, help="Top-k filter at T > 0 (0 = off)."),
     top_p: float = typer.Option(1.0, help="Top-p filter at T > 0 (1 = off)."),
@@ -80,9 +81,15 @@ def run(
     passes: int = typer.Option(1, help="Repeat the query stream N times (drafters that learn keep their state)."),
     preset: Optional[str] = typer.Option(None, help="Run a paper preset instead (= `specbench reproduce PRESET`; --out is its folder)."),
     dry_run: bool = typer.Option(False, help="With --preset: print the plan, load no model."),
+    target_revision: Optional[str] = typer.Option(None, help="Hub revision of --target (branch, tag or commit sha)."),
+    chat_template: str = typer.Option("auto", help="auto (tokenizer's template; vicuna_v1.1 for Vicuna models "
+                                      "without one), tokenizer, vicuna_v1.1 or plain."),
+    chat_template_kwargs: list[str] = typer.Option([], "--chat-template-kwargs", help="key=value passed to "
+                                                   "apply_chat_template, e.g. enable_thinking=false (repeatable)."),
 ) -> None:
     """Run METHOD (and every --also / --sweep side) on BENCH with the vanilla baseline interleaved
     prompt by prompt; print the summary table. BENCH may be a mixed stream: `mixed` or `a+b+c`."""
+    from specbench.prompts import parse_template_kwargs
     from specbench.runner import RunConfig, Runner, summary_table
 
     if preset is not None:
@@ -97,7 +104,9 @@ def run(
                     top_p=top_p, max_new_tokens=max_new_tokens, seed=seed, baseline=baseline, limit=limit,
                     sample=sample, category=category, data_dir=data_dir, system_prompt=system_prompt,
                     on_long_prompt=on_long_prompt, out=str(out) if out else None, resume=resume,
-                    overwrite=overwrite, warmup=warmup, sweep=sweep, also=list(also), passes=passes)
+                    overwrite=overwrite, warmup=warmup, sweep=sweep, also=list(also), passes=passes,
+                    target_revision=target_revision, chat_template=chat_template,
+                    chat_template_kwargs=parse_template_kwargs(list(chat_template_kwargs)))
     runner = Runner(cfg, err)
     records = runner.run()
     if not runner.world.main:
@@ -253,7 +262,8 @@ def list_models() -> None:
         table.add_row(DEFAULT_TARGET, "-", str(exc))
     table.add_row("<path>.gguf", "a GGUF file", "loaded through transformers + gguf")
     table.add_row("<folder>", "a Hugging Face model folder", "config.json + weights")
-    table.add_row("<org/name>", "a Hugging Face hub id", "needs network or a local HF cache")
+    table.add_row("<org/name>", "a Hugging Face hub id (org/name@REV or --target-revision pins a commit)",
+                  "needs network or a local HF cache (HF_TOKEN for gated repos, HF_HUB_OFFLINE=1: cache only)")
     console.print(table)
 
 

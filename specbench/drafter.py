@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -73,9 +74,53 @@ class Drafter:
     Options: ClassVar[type] = NoOptions
     taps: tuple[int, ...] = ()  # hidden_states indices of the target this drafter reads
     learns: ClassVar[bool] = False  # True if the drafter updates itself while serving (no warm-up, stream order matters)
+    # Options that name weights: a local folder/file or a hub id ``org/name[@rev]``; a ``revision``
+    # option, where the method has one, applies to the first.
+    weight_options: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, options: Any = None) -> None:
         self.options = options if options is not None else self.Options()
+        self.sources: dict[str, Any] = {}  # weight option -> hub.Resolved (files and commit), for the header
+
+    @classmethod
+    def check_references(cls, options: Any) -> None:
+        """Validate the weight references in ``options`` without loading or downloading anything."""
+        from specbench import hub
+
+        revision = getattr(options, "revision", "") or None
+        first = cls.weight_options[0] if cls.weight_options else None
+        if revision and not (first and getattr(options, first, "")):
+            raise SpecbenchError(f"{cls.name}: revision={revision} needs {first or 'a weights option'}=ORG/NAME")
+        for name in cls.weight_options:
+            spec = getattr(options, name, "")
+            if spec and not cls.builtin_reference(spec):
+                hub.check_reference(spec, revision if name == first else None, f"{cls.name} {name}")
+
+    @classmethod
+    def builtin_reference(cls, spec: str) -> bool:
+        """A weights value that is neither a path nor a hub id (e.g. SpS's ``truncated:N``)."""
+        return False
+
+    def resolve_weights(self, name: str, default: str | Path | None = None, missing: str = "") -> Path:
+        """Option ``name`` as a local path: a hub id is downloaded (or found in the HF cache); when
+        the option is empty, the ``default`` folder. ``missing`` (with ``{path}``) is the error for a
+        folder that does not exist. Where the weights came from is kept in ``sources`` for the header."""
+        from specbench import hub
+
+        spec = str(getattr(self.options, name, "") or "")
+        local = not spec or not hub.looks_like_hub_id(hub.split_reference(spec)[0])
+        path = Path(spec or default or "").expanduser()
+        if local and not (spec or default) or local and not path.exists() and not hub.is_local(spec):
+            raise SpecbenchError((missing or f"{self.name}: {{path}} does not exist; pass --opt {name}=FOLDER_OR_HUB_ID")
+                                 .format(path=spec or default))
+        if not spec:
+            self.sources[name] = hub.Resolved(str(path), path)
+            return path
+        first = self.weight_options[0] if self.weight_options else name
+        revision = (getattr(self.options, "revision", "") or None) if name == first else None
+        resolved = hub.resolve(spec, revision, f"{self.name} {name}")
+        self.sources[name] = resolved
+        return resolved.path
 
     def setup(self, target: "Target") -> None:
         self.target = target

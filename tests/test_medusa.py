@@ -164,8 +164,11 @@ def test_checkpoint_for_another_target_is_refused(target, tmp_path):
 
 
 def test_missing_folder_is_a_one_line_error(target, tmp_path):
-    with pytest.raises(SpecbenchError, match="config.json"):
+    with pytest.raises(SpecbenchError, match="does not exist"):
         ready(MedusaDrafter(MedusaOptions(path=str(tmp_path / "nope"))), target)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SpecbenchError, match="config.json"):
+        ready(MedusaDrafter(MedusaOptions(path=str(tmp_path / "empty"))), target)
 
 
 def official_state(heads=3, layers=1, hidden=32, vocab=64, seed=0) -> dict[str, torch.Tensor]:
@@ -216,9 +219,13 @@ def test_official_format_errors_name_the_key(target, tmp_path):
     with pytest.raises(SpecbenchError, match=r"missing 2\.0\.linear\.bias"):
         load_medusa(write_official(tmp_path / "a", state), target)
     extra = official_state()
-    extra["3.0.linear.weight"] = torch.zeros(32, 32)
-    with pytest.raises(SpecbenchError, match=r"3\.0\.linear\.weight"):
+    extra["medusa_norm.weight"] = torch.zeros(32)
+    with pytest.raises(SpecbenchError, match=r"map to nothing: medusa_norm\.weight"):
         load_medusa(write_official(tmp_path / "b", extra), target)
+    partial = official_state()  # a fourth head without its bias and output layer
+    partial["3.0.linear.weight"] = torch.zeros(32, 32)
+    with pytest.raises(SpecbenchError, match=r"missing 3\.0\.linear\.bias, 3\.1\.weight"):
+        load_medusa(write_official(tmp_path / "d", partial), target)
     with pytest.raises(SpecbenchError, match="hidden size 48"):
         load_medusa(write_official(tmp_path / "c", official_state(hidden=48), hidden=48), target)
 

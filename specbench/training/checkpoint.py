@@ -94,6 +94,21 @@ def check_target(config: dict, target, folder: str | Path) -> None:
                                  f"({key} differs from {target.name!r}); train one for this target with `specbench train`")
 
 
+def found_layout(folder: str | Path) -> str:
+    """What a drafter folder holds, for 'matches no layout we know' errors: its files and the
+    config keys that name a format (architectures, model_type)."""
+    folder = Path(folder)
+    files = sorted(p.name for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")) \
+        if folder.is_dir() else []
+    shown = ", ".join(files[:8]) + (f" (+{len(files) - 8} more)" if len(files) > 8 else "") if files else "no files"
+    try:
+        raw = json.loads((folder / CONFIG).read_text())
+    except (OSError, json.JSONDecodeError):
+        raw = {}
+    named = [f"{k}={raw[k]}" for k in ("architectures", "model_type") if isinstance(raw, dict) and raw.get(k)]
+    return f"found {shown}" + (f" ({CONFIG}: {', '.join(named)})" if named else "")
+
+
 def read_weights(folder: str | Path, candidates: tuple[str, ...], kind: str) -> dict[str, torch.Tensor]:
     """The first of ``candidates`` (.safetensors or a torch pickle, loaded weights-only) in ``folder``;
     used by the loaders of published checkpoint formats."""
@@ -107,7 +122,8 @@ def read_weights(folder: str | Path, candidates: tuple[str, ...], kind: str) -> 
             return torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:  # both loaders raise several types for truncated or garbled files
             raise SpecbenchError(f"{path} is corrupt ({type(exc).__name__}); re-download it") from None
-    raise SpecbenchError(f"{folder} has none of {', '.join(candidates)}; it is not a complete {kind} checkpoint")
+    raise SpecbenchError(f"{folder} has none of {', '.join(candidates)}; it is not a complete {kind} checkpoint "
+                         f"({found_layout(folder)})")
 
 
 def load_state_exactly(model: torch.nn.Module, state: dict[str, torch.Tensor], folder: str | Path,

@@ -123,7 +123,8 @@ def _answer(target: Target, prompts: list[Prompt], out: Path, max_new_tokens: in
     for p in prompts:
         if p.id in done:
             continue
-        ids = render_chat(target.tokenizer, [{"role": "user", "content": p.turns[0]}], system_prompt)
+        ids = render_chat(target.tokenizer, [{"role": "user", "content": p.turns[0]}], system_prompt,
+                          getattr(target, "chat", None))
         if len(ids) <= max_prompt_tokens:
             todo.append((p.id, ids))
     # Similar lengths batch together: less padding, less wasted compute.
