@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import warnings
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from rich.console import Console
@@ -20,6 +20,7 @@ from rich.table import Table
 
 from specbench import metrics
 from specbench.benchmarks import Prompt
+from specbench.devices import choose_dtype, resolve_device
 from specbench.drafter import Drafter, method_class, parse_options
 from specbench.engine import GenerationConfig, generate, generate_turns
 from specbench.errors import SpecbenchError
@@ -27,7 +28,7 @@ from specbench.prompts import render_chat
 from specbench.records import GenerationRecord
 from specbench.results import RunStore, config_hash, environment_metadata
 from specbench.streams import Query, build_queries, load_stream_prompts, stream_name
-from specbench.target import DEFAULT_TARGET, Target
+from specbench.target import DEFAULT_TARGET, Target, check_attention
 from specbench.verify import SamplingParams
 
 BASELINE = "vanilla"
@@ -162,6 +163,12 @@ def record_seed(seed: int, prompt_id: str, turn: int) -> int:
 class Runner:
     def __init__(self, cfg: RunConfig, console: Console | None = None) -> None:
         validate(cfg)
+        # auto device/dtype are resolved (and bad devices refused) before anything loads; the
+        # records name the resolved values.
+        device = resolve_device(cfg.device)
+        dtype, self.dtype_reason = choose_dtype(cfg.dtype, device)
+        cfg = replace(cfg, device=device, dtype=dtype)
+        check_attention(cfg.attn_implementation, device)
         self.cfg = cfg
         self.console = console or Console(stderr=True)
         # Parse every side's options before loading anything, so a typo fails in a second.
@@ -176,7 +183,7 @@ class Runner:
                 "config_hash": config_hash(cfg.identity()), "stream": [q.prompt.id for q in self.queries]}
         self.store = RunStore(cfg.out or default_out(cfg), meta, resume=cfg.resume, overwrite=cfg.overwrite)
         self.target = Target.load(cfg.target, cfg.dtype, cfg.device, cfg.attn_implementation)
-        self.store.start(environment_metadata(self.target.device))
+        self.store.start({**environment_metadata(self.target.device), "dtype_reason": self.dtype_reason})
         self.sides: list[tuple[str, Drafter]] = []
         for spec, cls, opts in parsed:
             drafter = cls(opts)
