@@ -120,7 +120,7 @@ def test_every_method_runs_in_bf16_on_cuda_with_match_rate(name):
 
 # ---- T = 1 through the engine on CUDA (generator on the GPU) -------------------------------------
 V = 8
-SAMPLES = 1_500
+SAMPLES = 1_200
 
 
 def exact_first_two(target, prompt):
