@@ -261,3 +261,17 @@ def test_chain_attention_switch_is_per_call_and_lossless():
     assert ("eager", False) in used and ("sdpa", True) in used
     assert all(impl == ("sdpa" if masked else "eager") for impl, masked in used)
     assert target.config._attn_implementation == "sdpa"
+
+
+def test_chain_attention_reaches_the_attention_layers(monkeypatch):
+    import transformers.models.llama.modeling_llama as llama
+
+    calls = []
+    eager = llama.eager_attention_forward
+    monkeypatch.setattr(llama, "eager_attention_forward", lambda *a, **k: calls.append(1) or eager(*a, **k))
+    target = tiny_target(0)
+    target.prefill([1, 2, 3])
+    assert not calls
+    target.use_chain_attention("eager")
+    target.prefill([1, 2, 3])
+    assert len(calls) == target.num_layers
