@@ -275,3 +275,17 @@ def test_chain_attention_reaches_the_attention_layers(monkeypatch):
     target.use_chain_attention("eager")
     target.prefill([1, 2, 3])
     assert len(calls) == target.num_layers
+
+
+def test_run_header_records_resolved_device_dtype_and_reason(models, tmp_path, capsys, monkeypatch):
+    import json
+
+    no_cuda(monkeypatch)
+    monkeypatch.setattr(devices, "cpu_flags", lambda: {"avx2"})  # a CPU without native bf16
+    out = tmp_path / "run.jsonl"
+    code, _, err = cli(["run", "--method", "vanilla", "--bench", "humaneval", "--target", models["target"],
+                        "--max-new-tokens", "3", "--limit", "1", "--no-warmup", "--out", str(out)], capsys)
+    assert code == 0, err
+    meta = json.loads(out.read_text().splitlines()[0])["meta"]
+    assert meta["device"] == "cpu" and meta["dtype"] == "float32"
+    assert "no native bf16" in meta["dtype_reason"] and meta["cpu"]
