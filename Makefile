@@ -4,7 +4,11 @@ PY      := $(VENV)/bin/python
 PIP     := $(VENV)/bin/pip
 export SPECBENCH_DATA ?= $(abspath ../shared/datasets)
 
-.PHONY: setup test test-fast bench report run clean
+# `make gpu-check PY=python3` works with any python that has torch (the checkout is put on PYTHONPATH).
+SRC     := PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}
+GPU_METHODS ?=
+
+.PHONY: setup test test-fast bench report run clean gpu-check
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -25,6 +29,13 @@ test-fast:
 
 bench:
 	$(PY) bench/engine_vs_hf.py
+	$(PY) bench/timing_overhead.py
+
+# GPU tier: the CUDA tests, the clock's overhead, then a 5-prompt run per method (results/gpu/).
+gpu-check:
+	$(SRC) $(PY) -m pytest -m gpu -rs
+	$(SRC) $(PY) bench/timing_overhead.py --device cuda
+	$(SRC) $(PY) bench/gpu_check.py --device cuda $(if $(GPU_METHODS),--methods $(GPU_METHODS))
 
 run:
 	$(VENV)/bin/specbench run --method sps --bench humaneval --limit 3 --max-new-tokens 64 --out results/quickstart.jsonl

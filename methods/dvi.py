@@ -43,7 +43,7 @@ from specbench.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
 from specbench.target import Target, TargetOutput
 from specbench.tree import DraftTree, SiblingKind
-from specbench.verify import logits_to_probs
+from specbench.verify import draw, logits_to_probs
 
 OBJECTIVES = ("kl-rl", "kl", "pg", "ce")
 HEAD_FILE = "dvi_head.safetensors"
@@ -258,7 +258,7 @@ class DVIDrafter(Drafter):
                 feed = int(logits.argmax())
             else:  # q is exactly the distribution the draft is drawn from
                 q = logits_to_probs(logits.unsqueeze(0), state.params)[0]
-                feed = int(torch.multinomial(q, 1, generator=state.generator))
+                feed = draw(q, state.generator)
                 qs.append(q)
             xs.append(x)
             bases.append(base)

@@ -256,7 +256,8 @@ def binary_auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
 
 def pacer_loss(model: PreVerifier, batch: PacerBatch) -> tuple[torch.Tensor, dict[str, float]]:
     """Binary cross-entropy of the acceptance logits on draft rows."""
-    mask = torch.zeros(batch.mask.shape, dtype=torch.float32).masked_fill_(~batch.mask, torch.finfo(torch.float32).min)
+    mask = torch.zeros(batch.mask.shape, dtype=torch.float32, device=batch.mask.device).masked_fill_(
+        ~batch.mask, torch.finfo(torch.float32).min)
     logits = model(batch.hidden, batch.draft_pos, batch.position_ids, attention_mask=mask)
     keep = batch.labels >= 0
     z, y = logits[keep].float(), batch.labels[keep]

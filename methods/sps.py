@@ -19,7 +19,7 @@ from specbench.errors import SpecbenchError
 from specbench.target import Target, load_located, locate_model, resolve_dtype
 from specbench.training.checkpoint import read_drafter_config
 from specbench.tree import DraftTree, SiblingKind
-from specbench.verify import logits_to_probs
+from specbench.verify import draw, logits_to_probs
 from methods.sps_student import is_student, load_student
 
 # Draft models shipped with the project, per embedded target name.
@@ -142,7 +142,7 @@ class SpSDrafter(Drafter):
         if state.params.greedy:
             return int(logits.argmax()), None
         q = logits_to_probs(logits.unsqueeze(0), state.params)[0]
-        return int(torch.multinomial(q, 1, generator=state.generator)), q
+        return draw(q, state.generator), q
 
     def _stop(self, drafts: list[int], logits: torch.Tensor, state: DecodeState) -> bool:
         """Whether the chain ends after ``drafts`` (SpS: a fixed length; subclasses adapt it)."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 import warnings
 from pathlib import Path
@@ -67,11 +66,13 @@ def run(
     opt: list[str] = typer.Option([], "--opt", help="Method option key=value (repeatable)."),
     config: Optional[Path] = typer.Option(None, help="YAML/JSON file of method options."),
     label: Optional[str] = typer.Option(None, help="Method label in records and tables (default: method name)."),
-    dtype: str = typer.Option("bfloat16", help="float32 for exactness checks, bfloat16 for speed."),
-    device: str = typer.Option("cuda" if os.environ.get("CUDA_VISIBLE_DEVICES") else "cpu", help="cpu or cuda."),
+    dtype: str = typer.Option("auto", help="auto (bfloat16 on CUDA and bf16-capable CPUs, else float32), "
+                                           "float32 for exactness checks, bfloat16 for speed."),
+    device: str = typer.Option("auto", help="auto (cuda if available, else cpu), cpu, cuda or cuda:N."),
     device_map: Optional[str] = typer.Option(None, help="auto: spread a target larger than one GPU over the visible "
                                                         "GPUs with accelerate (one process; on CPU a pass-through)."),
-    attn: str = typer.Option("sdpa", help="Attention implementation of the target: sdpa or eager."),
+    attn: str = typer.Option("sdpa", help="Target attention: sdpa, eager, or flash (flash-attn for prefill and "
+                                          "chain verifies, SDPA for trees; CUDA only)."),
     data_dir: Optional[str] = typer.Option(None, help="Folder of benchmark JSONL files (else $SPECBENCH_DATA)."),
     system_prompt: Optional[str] = typer.Option(None, help="System prompt for the chat template."),
     on_long_prompt: str = typer.Option("skip", help="skip (with a warning) or fail on prompts past the context."),
@@ -180,7 +181,7 @@ def reproduce(
     limit: Optional[int] = typer.Option(None, help="First N prompts of each bench after the paper's selection."),
     dry_run: bool = typer.Option(False, help="Print the full plan (benches, counts, methods, drafters, forwards); load no model."),
     out_dir: Optional[Path] = typer.Option(None, help="Folder for results files (default results/<preset>)."),
-    device: str = typer.Option("cuda" if os.environ.get("CUDA_VISIBLE_DEVICES") else "cpu", help="cpu or cuda."),
+    device: str = typer.Option("auto", help="auto (cuda if available, else cpu), cpu, cuda or cuda:N."),
     dtype: Optional[str] = typer.Option(None, help="Override the preset's dtype."),
     max_new_tokens: Optional[int] = typer.Option(None, help="Override (or supply, where the paper states none) max new tokens."),
     drafter: list[str] = typer.Option([], "--drafter", help="METHOD=PATH_OR_HUB_ID: a drafter for a method the preset cannot name (repeatable)."),

@@ -7,6 +7,8 @@ A method is a ``Drafter`` subclass registered under the entry-point group ``spec
 
 from __future__ import annotations
 
+import importlib
+
 import dataclasses
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
@@ -154,9 +156,25 @@ def register(name: str):
     return wrap
 
 
+def _entry_points() -> dict[str, str]:
+    """Installed entry points; from a source checkout that was never pip-installed (e.g. a GPU
+    machine's system python), the ones declared in its pyproject.toml."""
+    found = {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    if found:
+        return found
+    import tomllib
+    from pathlib import Path
+
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    if pyproject.is_file():
+        declared = tomllib.loads(pyproject.read_text()).get("project", {}).get("entry-points", {})
+        found = dict(declared.get(ENTRY_POINT_GROUP, {}))
+    return found
+
+
 def available_methods() -> dict[str, str]:
     """name -> 'module:Class' for every registered method."""
-    found = {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    found = _entry_points()
     found.update({name: f"{cls.__module__}:{cls.__qualname__}" for name, cls in _LOCAL.items()})
     return dict(sorted(found.items()))
 
@@ -164,10 +182,11 @@ def available_methods() -> dict[str, str]:
 def method_class(name: str) -> type[Drafter]:
     if name in _LOCAL:
         return _LOCAL[name]
-    eps = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    eps = _entry_points()
     if name not in eps:
         raise unknown_name_error("method", name, sorted(available_methods()), "specbench list methods")
-    cls = eps[name].load()
+    module, _, attr = eps[name].partition(":")
+    cls = getattr(importlib.import_module(module), attr)
     cls.name = name
     return cls
 

@@ -37,12 +37,13 @@ def _generator(device: torch.device, seed: int | None) -> torch.Generator | None
 
 
 def generate(target: Target, drafter: Drafter, prompt_ids: Sequence[int], config: GenerationConfig,
-             method: str | None = None) -> GenerationRecord:
+             method: str | None = None, timer: PhaseTimer | None = None) -> GenerationRecord:
     """Generate one turn. Returns a record whose ``new_tokens`` are cut at the first EOS
-    (inclusive) and at ``max_new_tokens``."""
+    (inclusive) and at ``max_new_tokens``. ``timer`` defaults to a fresh ``PhaseTimer`` on the
+    target's device (a ``NullTimer`` measures the untimed engine)."""
     if config.max_new_tokens < 1:
         raise ValueError("max_new_tokens must be >= 1")
-    timer = PhaseTimer(target.device)
+    timer = PhaseTimer(target.device) if timer is None else timer
     target.timer = timer
     params = config.sampling
     gen = _generator(target.device, config.seed)
@@ -58,8 +59,7 @@ def generate(target: Target, drafter: Drafter, prompt_ids: Sequence[int], config
         drafter.begin(state, out)
 
     # Forward counters below cover the decode phase only; prefill is timed as a whole.
-    timer.forward_calls.clear()
-    timer.forward_ns.clear()
+    timer.clear_forwards()
     new_tokens = [bonus]
     accept_lengths: list[int] = []
     tree_sizes: list[int] = []
@@ -90,6 +90,7 @@ def generate(target: Target, drafter: Drafter, prompt_ids: Sequence[int], config
     extra = drafter.end(state) or {}
 
     new_tokens, stop_reason = _truncate(new_tokens, eos, config.max_new_tokens)
+    timer.resolve()  # CUDA: read every event of this generation (one synchronize)
     return GenerationRecord(
         method=method or drafter.name,
         new_tokens=new_tokens,

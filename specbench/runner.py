@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import warnings
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from rich.console import Console
@@ -24,6 +24,7 @@ from rich.table import Table
 
 from specbench import distributed, hub, metrics
 from specbench.benchmarks import Prompt
+from specbench.devices import choose_dtype, resolve_device
 from specbench.drafter import Drafter, method_class, parse_options
 from specbench.engine import GenerationConfig, generate, generate_turns
 from specbench.errors import SpecbenchError
@@ -32,7 +33,7 @@ from specbench.prompts import ChatFormat, render_chat
 from specbench.records import GenerationRecord
 from specbench.results import RunStore, config_hash, environment_metadata
 from specbench.streams import Query, build_queries, load_stream_prompts, stream_name
-from specbench.target import _EMBEDDED as EMBEDDED, DEFAULT_TARGET, Target
+from specbench.target import _EMBEDDED as EMBEDDED, DEFAULT_TARGET, Target, check_attention
 from specbench.verify import SamplingParams
 
 BASELINE = "vanilla"
@@ -198,6 +199,12 @@ def record_seed(seed: int, prompt_id: str, turn: int) -> int:
 class Runner:
     def __init__(self, cfg: RunConfig, console: Console | None = None) -> None:
         validate(cfg)
+        # auto device/dtype are resolved (and bad devices refused) before anything loads; the
+        # records name the resolved values.
+        device = resolve_device(cfg.device)
+        dtype, self.dtype_reason = choose_dtype(cfg.dtype, device)
+        cfg = replace(cfg, device=device, dtype=dtype)
+        check_attention(cfg.attn_implementation, device)
         self.cfg = cfg
         self.console = console or Console(stderr=True)
         # Parse every side's options before loading anything, so a typo fails in a second.
@@ -215,9 +222,6 @@ class Runner:
         stream = build_queries(prompts, cfg.passes)
         self.queries: list[Query] = distributed.shard(stream, self.world)
         self.bench = prompts[0].bench if prompts else stream_name(cfg.bench)
-        if cfg.attn_implementation == "flash_attention_2" and any(s.method != BASELINE for s in specs):
-            raise SpecbenchError("--attn flash_attention_2 cannot verify draft trees; use it only for a vanilla-only "
-                                 "run (--method vanilla --baseline none)")
         with_baseline = cfg.baseline == BASELINE and cfg.method != BASELINE
         meta = {**cfg.identity(), **({"preset": cfg.preset} if cfg.preset else {}), "method_options": {spec.label: asdict(opts) for spec, _, opts in parsed},
                 "config_hash": config_hash(cfg.identity()), "stream": [q.prompt.id for q in stream],
@@ -299,7 +303,7 @@ class Runner:
             self.sides.append((BASELINE, baseline))
         prompt_format = self.target.chat.describe(self.target.tokenizer) if self.target.chat else None
         env = {**environment_metadata(self.target.device), "weights": weights_metadata(self.target, self.sides),
-               "prompt_format": prompt_format}
+               "prompt_format": prompt_format, "dtype_reason": self.dtype_reason}
         if cfg.device_map:
             placed = getattr(self.target.model, "hf_device_map", None) or {"": str(self.target.device)}
             env["device_map"] = sorted({str(d) for d in placed.values()})  # the devices the target spans

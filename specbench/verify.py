@@ -70,8 +70,7 @@ def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.
     """The baseline's next-token rule for one row of logits: argmax at T=0, else a draw."""
     if params.greedy:
         return int(logits.argmax(-1))
-    probs = logits_to_probs(logits.reshape(1, -1), params)
-    return int(torch.multinomial(probs, 1, generator=generator))
+    return draw(logits_to_probs(logits.reshape(1, -1), params), generator)
 
 
 @dataclass
@@ -85,12 +84,24 @@ class WalkResult:
         return 0 if not self.accepted else self.accepted[-1] + 1
 
 
+# Every random draw happens on the generator's device: PyTorch refuses a CUDA generator for a CPU
+# draw (and vice versa), and the engine makes its generator on the target's device.
 def _uniform(generator: torch.Generator | None) -> float:
-    return float(torch.rand((), generator=generator))
+    device = generator.device if generator is not None else None
+    return float(torch.rand((), generator=generator, device=device))
 
 
-def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    return int(torch.multinomial(probs, 1, generator=generator))
+def on_generator_device(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """``probs`` moved to the generator's device (a no-op when already there or unseeded)."""
+    return probs if generator is None or probs.device == generator.device else probs.to(generator.device)
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One token ~ ``probs`` ([V] or [1, V]) with ``generator`` (drafters sample through this too)."""
+    return int(torch.multinomial(on_generator_device(probs, generator), 1, generator=generator).reshape(-1)[0])
+
+
+_draw = draw
 
 
 def _normalise(p: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
@@ -118,6 +129,7 @@ def greedy_walk(tree: DraftTree, logits: torch.Tensor) -> WalkResult:
 
 def sample_and_match(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None) -> WalkResult:
     """Rule A: draw y ~ p at every row (one batched multinomial), then follow matching children."""
+    probs = on_generator_device(probs, generator)
     return follow(tree, torch.multinomial(probs, 1, generator=generator).squeeze(-1).tolist())
 
 
@@ -153,7 +165,7 @@ def multi_draft_rejection(tree: DraftTree, probs: torch.Tensor, generator: torch
     while True:
         p = probs[node + 1].clone()
         kids = kids_of.get(node, [])
-        q = tree.q[kids[0]].float().clone() if kids else None
+        q = tree.q[kids[0]].to(p.device, torch.float32, copy=True) if kids else None
         moved = False
         for child in kids:
             x = tree.token_list[child]

@@ -35,3 +35,13 @@ def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
     return {"target": save_tiny(root / "target", tok, 0), "draft": save_tiny(root / "draft", tok, 1),
             "short": save_tiny(root / "short", tok, 0, context=64), "deep": save_tiny(root / "deep", tok, 2, layers=4)}
+
+
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests need CUDA: skipped (not failed) on a machine without it."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (pytest -m gpu on a GPU machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -25,6 +25,7 @@ MAX_LENGTH = typer.Option(384, help="Training sequence length (prompt + response
 HELD_OUT = typer.Option(0.05, help="Share of examples kept for evaluation.")
 CACHE_FEATURES = typer.Option(True, help="Cache target taps to disk (fp16) after the first epoch.")
 MAX_PROMPT_TOKENS = typer.Option(512, help="Skip prompts longer than this (rendered).")
+DEVICE = typer.Option("auto", help="auto (cuda if available, else cpu), cpu, cuda or cuda:N.")
 
 
 def _prompt_file(prompts: Optional[str], data_dir: Optional[str]) -> Path:
@@ -65,22 +66,24 @@ def _load_data(target, prompts: Optional[str], data_dir: Optional[str], limit: O
     return out, [e for e in read_examples(out) if e["id"] in wanted and len(e["prompt_ids"]) <= max_prompt_tokens]
 
 
-def _load_target(target: str, dtype: str):
-    """The target on this process's device: the CPU, or under torchrun ``cuda:LOCAL_RANK`` when
-    CUDA is there (joining the process group first; rank 0 fills any model cache first)."""
+def _load_target(target: str, dtype: str, device: str = "auto"):
+    """The target on this process's device (``auto``: CUDA when there, else the CPU; a bad device is
+    one line before anything loads); under torchrun ``cuda:LOCAL_RANK`` for CUDA (joining the
+    process group first; rank 0 fills any model cache first)."""
     from specbench import distributed
+    from specbench.devices import resolve_device
     from specbench.target import Target
 
-    world = distributed.init("auto")
-    device = distributed.rank_device("auto", world) if world.active else "cpu"
+    device = resolve_device(device)
+    world = distributed.init(device)
     with distributed.main_first():
-        return Target.load(target, dtype, device)
+        return Target.load(target, dtype, distributed.rank_device(device, world))
 
 
 def _training_data(target: str, prompts: Optional[str], data_dir: Optional[str], limit: Optional[int],
-                   max_new_tokens: int, max_prompt_tokens: int):
+                   max_new_tokens: int, max_prompt_tokens: int, device: str = "auto"):
     """The target in fp32 (training precision) and its greedy answers, regenerated if missing."""
-    t = _load_target(target, "float32")
+    t = _load_target(target, "float32", device)
     data_file, examples = _load_data(t, prompts, data_dir, limit, max_new_tokens, 8, 0.0, max_prompt_tokens)
     return t, data_file, examples
 
@@ -98,6 +101,7 @@ def data(
     max_prompt_tokens: int = MAX_PROMPT_TOKENS,
     export: Optional[Path] = typer.Option(None, help="Also write the responses (no prompt text) to this "
                                                      ".responses.jsonl.gz, to ship under training_data/<target>/."),
+    device: str = DEVICE,
 ) -> None:
     """Answer the prompts with the target (resumable; under torchrun each rank answers its share);
     prints where the data is cached."""
@@ -105,7 +109,7 @@ def data(
     from specbench.training.checkpoint import vocab_fingerprint
     from specbench.training.data import _prompt_digest, export_responses
 
-    t = _load_target(target, dtype)
+    t = _load_target(target, dtype, device)
     out, examples = _load_data(t, prompts, data_dir, limit, max_new_tokens, batch_size, temperature, max_prompt_tokens)
     tokens = sum(len(e["response_ids"]) for e in examples)
     if not distributed.current().main:
@@ -180,11 +184,12 @@ def sps_student(
     held_out: float = HELD_OUT,
     cache_features: bool = CACHE_FEATURES,
     max_prompt_tokens: int = MAX_PROMPT_TOKENS,
+    device: str = DEVICE,
 ) -> None:
     """Distil a small SpS draft model from the target (KL on target-regenerated responses)."""
     from methods.sps_student import build_student, distillation_loss, save_student
 
-    t, data_file, examples = _training_data(target, prompts, data_dir, limit, max_new_tokens, max_prompt_tokens)
+    t, data_file, examples = _training_data(target, prompts, data_dir, limit, max_new_tokens, max_prompt_tokens, device)
     chosen = [int(x) for x in layers.split(",")]
     student = build_student(t, chosen)
     recipe = _recipe(lr, epochs, batch_size, max_length, layers=chosen)
@@ -210,13 +215,14 @@ def eagle3(
     held_out: float = HELD_OUT,
     cache_features: bool = CACHE_FEATURES,
     max_prompt_tokens: int = MAX_PROMPT_TOKENS,
+    device: str = DEVICE,
 ) -> None:
     """Train an EAGLE-3 drafter (training-time test over ``steps`` unrolled steps, 0.8^s decay)."""
     from methods.eagle3 import Eagle3Model
     from specbench.training.features import token_counts
     from specbench.training.vocab import build_vocab_mapping
 
-    t, data_file, examples = _training_data(target, prompts, data_dir, limit, max_new_tokens, max_prompt_tokens)
+    t, data_file, examples = _training_data(target, prompts, data_dir, limit, max_new_tokens, max_prompt_tokens, device)
     d2t, t2d, coverage = build_vocab_mapping(token_counts(examples, t.vocab_size), draft_vocab)
     typer.echo(f"draft vocabulary {draft_vocab}: {100 * coverage:.2f}% of response tokens")
     model = Eagle3Model.from_target(t, (d2t, t2d))
@@ -244,11 +250,12 @@ def medusa(
     held_out: float = HELD_OUT,
     cache_features: bool = CACHE_FEATURES,
     max_prompt_tokens: int = MAX_PROMPT_TOKENS,
+    device: str = DEVICE,
 ) -> None:
     """Train Medusa-1 heads on the frozen target (sum_k 0.8^k CE of head k vs token k+2 ahead)."""
     from methods.medusa import MedusaHeads, save_medusa
 
-    t, data_file, examples = _training_data(target, prompts, data_dir, limit, max_new_tokens, max_prompt_tokens)
+    t, data_file, examples = _training_data(target, prompts, data_dir, limit, max_new_tokens, max_prompt_tokens, device)
     model = MedusaHeads.for_target(t, num_heads=heads, num_layers=layers, shared_lm_head=shared_lm_head)
     recipe = _recipe(lr, epochs, batch_size, max_length, heads=heads, layers=layers, shared_lm_head=shared_lm_head)
     recipe.warmup_ratio = 0.1
@@ -280,6 +287,7 @@ def dflash(
     held_out: float = HELD_OUT,
     cache_features: bool = CACHE_FEATURES,
     max_prompt_tokens: int = MAX_PROMPT_TOKENS,
+    device: str = DEVICE,
 ) -> None:
     """Train a DFlash block drafter (random anchors, block-local attention, exp(-(k-1)/gamma) CE); used by
     `dflash` and `ddtree`."""
@@ -291,7 +299,7 @@ def dflash(
         raise SpecbenchError(f"dflash: need block size >= 2, layers >= 1, anchors >= 1 (got {block_size}, {layers}, "
                              f"{anchors})")
     ids = [int(x) for x in target_layer_ids.split(",") if x.strip()] or None
-    t, data_file, examples = _training_data(target, prompts, data_dir, limit, max_new_tokens, max_prompt_tokens)
+    t, data_file, examples = _training_data(target, prompts, data_dir, limit, max_new_tokens, max_prompt_tokens, device)
     mask = mask_token_id if mask_token_id is not None else choose_mask_token(t.tokenizer, examples)
     vocab_ids, coverage = None, 1.0
     if draft_vocab:
@@ -325,13 +333,14 @@ def pacer(
     batch_size: int = typer.Option(4, help="Responses (packed sequences) per step."),
     held_out: float = HELD_OUT,
     max_prompt_tokens: int = MAX_PROMPT_TOKENS,
+    device: str = DEVICE,
 ) -> None:
     """Train PACER's pre-verification layer on replayed speculative decoding (binary CE)."""
     from methods.pacer import train_preverifier
 
     if window < 1:
         raise SpecbenchError(f"--window must be >= 1, got {window}")
-    t, data_file, examples = _training_data(target, prompts, data_dir, limit, max_new_tokens, max_prompt_tokens)
+    t, data_file, examples = _training_data(target, prompts, data_dir, limit, max_new_tokens, max_prompt_tokens, device)
     recipe = _recipe(lr, epochs, batch_size, 0, window=window, position_embedding=position_embedding,
                      draft=draft or "shipped")
     recipe.betas = (0.9, 0.999)  # the paper's AdamW betas
@@ -379,6 +388,7 @@ def specblock(
     cache_features: bool = CACHE_FEATURES,
     max_prompt_tokens: int = MAX_PROMPT_TOKENS,
     dtype: str = typer.Option("bfloat16", help="bfloat16 (autocast) or float32."),
+    device: str = DEVICE,
 ) -> None:
     """Train a SpecBlock drafter: valid-prefix masked block losses, cross-block unrolling, rank head."""
     from methods.eagle3 import eagle3_taps
@@ -392,7 +402,7 @@ def specblock(
         raise SpecbenchError(f"unknown SpecBlock variant {variant!r}; choose from {', '.join(SPECBLOCK_VARIANTS)}")
     overrides = dict(SPECBLOCK_VARIANTS[variant])
     valid = overrides.pop("valid_prefix", True)
-    t, data_file, examples = _training_data(target, prompts, data_dir, limit, max_new_tokens, max_prompt_tokens)
+    t, data_file, examples = _training_data(target, prompts, data_dir, limit, max_new_tokens, max_prompt_tokens, device)
     d2t, t2d, coverage = build_vocab_mapping(token_counts(examples, t.vocab_size), draft_vocab)
     typer.echo(f"draft vocabulary {draft_vocab}: {100 * coverage:.2f}% of response tokens")
     config = SpecBlockConfig.from_target(t, draft_vocab, block_size=block_size, num_layers=layers,

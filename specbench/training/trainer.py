@@ -88,6 +88,14 @@ def batch_weight(batch) -> float:
     return float(mask.sum()) if mask is not None else float(len(batch))
 
 
+def autocast_for(module: torch.nn.Module, dtype: str) -> torch.autocast:
+    """bf16 autocast on the device type the module's parameters live on (CUDA or CPU), or off
+    for fp32. Parameters and optimizer state stay fp32 either way."""
+    param = next(module.parameters(), None)
+    device_type = param.device.type if param is not None else "cpu"
+    return torch.autocast(device_type, dtype=torch.bfloat16, enabled=dtype == "bfloat16")
+
+
 class Trainer:
     """``train_batches(epoch)`` yields TrainBatches; ``save(folder)`` writes the drafter."""
 
@@ -167,7 +175,7 @@ class Trainer:
                                       + list(self.module.buffers()))
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: cosine_with_warmup(s, total, warmup), last_epoch=self.step - 1)
-        autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=r.dtype == "bfloat16")
+        autocast = autocast_for(self.module, r.dtype)
         start = time.time()
         columns = (TextColumn("training"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[loss]}"),
                    TimeRemainingColumn())

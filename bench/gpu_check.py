@@ -1,0 +1,86 @@
+"""`make gpu-check`, second half: a short `specbench run` per method on the default target with the
+shipped drafters (drafters/smollm2-135m/*), records under results/gpu/, then one summary table.
+
+Tree sizes are the README's CPU-sized options, so the numbers compare with the committed CPU runs.
+Methods whose drafter is not shipped (the SpecBlock Table-2 ablations) are listed as skipped.
+
+Usage: python bench/gpu_check.py [--device cuda] [--limit 5] [--max-new-tokens 64] [--methods sps,eagle3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from specbench.drafter import available_methods  # noqa: E402
+
+DRAFTERS = REPO / "drafters" / "smollm2-135m"
+CPU_SIZED = {  # README: trees sized for a CPU
+    "eagle3": ["total_tokens=16", "depth=4", "top_k=4"],
+    "medusa": ["max_nodes=15"],
+    "specblock": ["budget=16", "beam_width=4"],
+    "specblock-adapt": ["budget=16", "beam_width=4"],
+    "specblock-osd": ["budget=16", "beam_width=4"],
+    "specblock-uniform-tree": ["budget=16", "beam_width=4"],
+    "ddtree": ["budget=16"],
+}
+NOT_SHIPPED = {"specblock-no-broadcast", "specblock-no-shift", "specblock-no-valid-prefix"}  # train them first
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--bench", default="humaneval")
+    ap.add_argument("--limit", type=int, default=5)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--methods", default="", help="comma-separated (default: every registered method)")
+    ap.add_argument("--out-dir", default="results/gpu")
+    args = ap.parse_args()
+
+    methods = [m for m in (args.methods.split(",") if args.methods else available_methods()) if m and m != "vanilla"]
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    done, failed, skipped = [], [], sorted(NOT_SHIPPED & set(methods))
+    for method in methods:
+        if method in NOT_SHIPPED:
+            continue
+        out = out_dir / f"{method}_{args.bench}_smollm2-135m_T0.jsonl"
+        cmd = [sys.executable, "-c", "from specbench.cli import main; main()", "run", "--method", method,
+               "--bench", args.bench, "--limit", str(args.limit), "--max-new-tokens", str(args.max_new_tokens),
+               "--device", args.device, "--out", str(out), "--overwrite"]
+        for opt in CPU_SIZED.get(method, []):
+            cmd += ["--opt", opt]
+        start = time.time()
+        run = subprocess.run(cmd, capture_output=True, text=True)
+        took = time.time() - start
+        if run.returncode == 0:
+            done.append(out)
+            print(f"{method:28s} ok   {took:6.1f}s -> {out}", flush=True)
+        else:
+            failed.append(method)
+            tail = (run.stderr or run.stdout).strip().splitlines()[-3:]
+            print(f"{method:28s} FAIL {took:6.1f}s: {' | '.join(tail)}", flush=True)
+
+    if done:
+        from rich.console import Console
+
+        from specbench.report import load_results
+        from specbench.runner import summary_table
+
+        # Every file has its own interleaved vanilla turns; pooled, they are one baseline per prompt set.
+        records, _ = load_results([str(p) for p in done])
+        Console(width=160).print(summary_table(records, 0.0))
+    print(f"{len(done)} ran, {len(failed)} failed {failed or ''}, skipped (no shipped drafter): {skipped or 'none'}")
+    print("records:", " ".join(sorted(glob.glob(str(out_dir / "*.jsonl")))))
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
