@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from specbench import metrics
+from specbench import machine_load, metrics
 from specbench.benchmarks import Prompt
 from specbench.drafter import Drafter, method_class, parse_options
 from specbench.engine import GenerationConfig, generate, generate_turns
@@ -64,6 +64,7 @@ class RunConfig:
     also: list[str] = field(default_factory=list)  # more sides: "name" or "name@key=value@key=value"
     passes: int = 1  # times the query stream is repeated (learning drafters keep their state)
     preset: str | None = None  # the paper preset this run belongs to (written to the header; not in the hash)
+    repeats: int = 1  # times each prompt turn is generated and timed per side (the median one is reported)
 
     @property
     def method_label(self) -> str:
@@ -76,6 +77,8 @@ class RunConfig:
                 "passes")
         ident = {k: v for k, v in asdict(self).items() if k in keep}
         ident["label"] = self.method_label
+        if self.repeats != 1:  # only then, so files written before --repeats existed keep their hash
+            ident["repeats"] = self.repeats
         return ident
 
 
@@ -140,6 +143,8 @@ def validate(cfg: RunConfig) -> None:
         raise SpecbenchError(f"--baseline must be 'vanilla' or 'none' (got {cfg.baseline!r})")
     if cfg.passes < 1:
         raise SpecbenchError(f"--passes must be >= 1 (got {cfg.passes})")
+    if cfg.repeats < 1:
+        raise SpecbenchError(f"--repeats must be >= 1 (got {cfg.repeats})")
     if cfg.on_long_prompt not in ("skip", "fail"):
         raise SpecbenchError(f"--on-long-prompt must be 'skip' or 'fail' (got {cfg.on_long_prompt!r})")
     try:
@@ -163,12 +168,17 @@ def record_seed(seed: int, prompt_id: str, turn: int) -> int:
 class Runner:
     def __init__(self, cfg: RunConfig, console: Console | None = None) -> None:
         validate(cfg)
+        self.load_start = machine_load.load_average()  # before anything of ours loads
         self.cfg = cfg
         self.console = console or Console(stderr=True)
         # Parse every side's options before loading anything, so a typo fails in a second.
         specs = run_sides(cfg)
         parsed = [(spec, method_class(spec.method)) for spec in specs]
         parsed = [(spec, cls, parse_options(cls, spec.options)) for spec, cls in parsed]
+        learners = [spec.label for spec, cls, _ in parsed if cls.learns]
+        if cfg.repeats > 1 and learners:
+            raise SpecbenchError(f"--repeats {cfg.repeats} would feed every query {cfg.repeats} times to "
+                                 f"{', '.join(learners)}, which learn while serving; time them with --repeats 1")
         prompts = load_stream_prompts(cfg.bench, cfg.data_dir, limit=cfg.limit, sample=cfg.sample, seed=cfg.seed,
                                       category=cfg.category)
         self.queries: list[Query] = build_queries(prompts, cfg.passes)
@@ -180,7 +190,7 @@ class Runner:
                 "config_hash": config_hash(cfg.identity()), "stream": [q.prompt.id for q in self.queries]}
         self.store = RunStore(cfg.out or default_out(cfg), meta, resume=cfg.resume, overwrite=cfg.overwrite)
         self.target = Target.load(cfg.target, cfg.dtype, cfg.device, cfg.attn_implementation)
-        self.store.start(environment_metadata(self.target.device))
+        self.store.start({**environment_metadata(self.target.device), **machine_load.start_fields(self.load_start)})
         self.sides: list[tuple[str, Drafter]] = []
         for spec, cls, opts in parsed:
             drafter = cls(opts)
@@ -225,9 +235,10 @@ class Runner:
         def config_for(turn: int) -> GenerationConfig:
             return GenerationConfig(self.cfg.max_new_tokens, self.sampling, record_seed(self.cfg.seed, prompt.id, turn))
 
-        for record in generate_turns(self.target, drafter, prompt.turns, config_for, self.cfg.system_prompt, label,
-                                     finished=lambda turn: self.store.done.get((label, self.bench, prompt.id, turn)),
-                                     admit=admit):
+        turns = generate_turns(self.target, drafter, prompt.turns, config_for, self.cfg.system_prompt, label,
+                               finished=lambda turn: self.store.done.get((label, self.bench, prompt.id, turn)),
+                               admit=admit, repeats=self.cfg.repeats)
+        for record in _naming_prompt(turns, prompt.id):
             record.bench, record.prompt_id, record.query_index = self.bench, prompt.id, query.index
             record.config_hash = self.store.meta["config_hash"]
             self.store.append(record)
@@ -257,8 +268,17 @@ class Runner:
                 for label, drafter in order:
                     self._run_side(label, drafter, query)
                 progress.advance(task)
+        self.store.write_trailer(machine_load.trailer(self.load_start, self.store.written))
         self.store.close()
         return list(self.store.done.values())
+
+
+def _naming_prompt(records, prompt_id: str):
+    """Re-raise a repeat mismatch with the prompt it happened on."""
+    try:
+        yield from records
+    except SpecbenchError as exc:
+        raise SpecbenchError(f"prompt {prompt_id}: {exc}") from None
 
 
 def summary_table(records: list[GenerationRecord], temperature: float) -> Table:
