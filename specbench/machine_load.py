@@ -1,11 +1,11 @@
 """How busy the machine was while a run timed its prompts.
 
-A run writes the load average (1, 5, 15 min) and the CPU count into its results header
-(``load_start``, ``cpus``) and a ``trailer`` line when it ends (``load_start`` / ``load_end`` of that
-session: a resumed run adds one per session). Readers that only know header and record lines skip the
-trailer. A file counts as recorded under load when the other work on the machine exceeded
-``LOAD_SHARE`` of its CPUs: the run's own threads are subtracted from the end reading (it is itself
-running then), not from the start one (taken before the model loads)."""
+A run writes the load average (1, 5, 15 min) before it loads anything and the CPU count into its
+results header (``load_start``, ``cpus``), and the load average when each turn finished into that
+record (``load_avg``), so a killed or resumed run keeps its readings and no reader meets a new kind of
+line. A file counts as recorded under load when other work exceeded ``LOAD_SHARE`` of its CPUs at any
+reading: the run's own threads are subtracted from the per-record readings (it is running then), not
+from the start one."""
 
 from __future__ import annotations
 
@@ -28,12 +28,6 @@ def start_fields(load: list[float] | None) -> dict:
     return {"load_start": load, "cpus": os.cpu_count()}
 
 
-def trailer(load_start: list[float] | None, records: int) -> dict:
-    """The last line of a session: its load at start and end and how many records it wrote."""
-    return {"type": "trailer", "load_start": load_start, "load_end": load_average(), "cpus": os.cpu_count(),
-            "records_written": records}
-
-
 def _one_minute(load) -> float | None:
     try:
         return float(load[0])
@@ -41,21 +35,18 @@ def _one_minute(load) -> float | None:
         return None
 
 
-def peak_other_load(meta: dict, trailers: Iterable[dict] = ()) -> float | None:
-    """The highest 1-minute load of other work seen at any start or end of the file's sessions
-    (None when the file records no load: files written before it was recorded)."""
+def peak_other_load(meta: dict, record_loads: Iterable = ()) -> float | None:
+    """The highest 1-minute load of other work at the start or after any turn (None when the file
+    records no load: files written before it was recorded)."""
     threads = meta.get("threads") or 1
     readings = [_one_minute(meta.get("load_start"))]
-    for t in trailers:
-        readings.append(_one_minute(t.get("load_start")))
-        end = _one_minute(t.get("load_end"))
-        readings.append(None if end is None else max(end - threads, 0.0))
+    readings += [None if (x := _one_minute(load)) is None else max(x - threads, 0.0) for load in record_loads]
     readings = [r for r in readings if r is not None]
     return max(readings) if readings else None
 
 
-def under_load(meta: dict, trailers: Iterable[dict] = (), share: float = LOAD_SHARE) -> bool:
+def under_load(meta: dict, record_loads: Iterable = (), share: float = LOAD_SHARE) -> bool:
     """True when other work took more than ``share`` of the machine's CPUs during the run."""
-    peak = peak_other_load(meta, list(trailers))
-    cpus = meta.get("cpus") or next((t.get("cpus") for t in trailers if t.get("cpus")), None)
+    peak = peak_other_load(meta, record_loads)
+    cpus = meta.get("cpus")
     return peak is not None and bool(cpus) and peak > share * cpus

@@ -30,6 +30,7 @@ class GenerationRecord:
     config_hash: str = ""
     extra: dict = field(default_factory=dict)  # drafter-specific statistics
     times_repeats: list[dict[str, float]] = field(default_factory=list)  # --repeats: every repeat's `times`; `times` = the median one
+    load_avg: list[float] | None = None  # the machine's load average (1, 5, 15 min) when this turn finished
 
     @property
     def num_new(self) -> int:

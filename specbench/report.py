@@ -87,7 +87,6 @@ class ResultFile:
     path: Path
     meta: dict
     records: tuple[GenerationRecord, ...]
-    trailers: tuple[dict, ...] = ()  # one closing line per run session (machine load at its end)
 
     @property
     def block(self) -> Block:
@@ -125,7 +124,6 @@ def read_result_file(path: str | Path) -> ResultFile:
     path = Path(path)
     meta: dict = {}
     records: list[GenerationRecord] = []
-    trailers: list[dict] = []
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
             obj = json.loads(line)
@@ -140,9 +138,7 @@ def read_result_file(path: str | Path) -> ResultFile:
                 records.append(_record_from(obj))
             except TypeError:  # a line that parses but is not a record (e.g. cut exactly at a brace)
                 continue
-        elif obj.get("type") == "trailer":
-            trailers.append(obj)
-    return ResultFile(path, meta, tuple(records), tuple(trailers))
+    return ResultFile(path, meta, tuple(records))
 
 
 def load_result_files(spec: PathSpec) -> list[ResultFile]:
@@ -471,7 +467,7 @@ def main_table(cells: pd.DataFrame, methods: pd.DataFrame, provenance: Sequence[
              "Greedy = share of T = 0 turns (n) whose text equals vanilla's token for token"]
     if loaded:
         notes.append(f"{MARK} = recorded under load: other work took more than {LOAD_SHARE:.0%} of the machine's "
-                     "CPUs at a start or end of the run (header load_start / trailer load_end); its timings are suspect")
+                     "CPUs before the run or after one of its turns (header load_start, record load_avg); its timings are suspect")
     notes += [f"{m} × {b} ({block_label((t, temp))}): {why}" for (t, temp, m, b), why in missing_reasons(cells).items()]
     return Table("main_table", "Speedup (Spd) over vanilla and mean accepted length τ per benchmark", columns,
                  groups, sections, pd.DataFrame(records), notes, list(provenance))
@@ -848,8 +844,8 @@ def build_report(results: PathSpec, paper_numbers: str | Path | None = DEFAULT_P
 
 def loaded_cells(files: Sequence[ResultFile]) -> frozenset:
     """(target, T, method, bench) of every record in a file recorded under load (machine_load.under_load)."""
-    return frozenset((*f.block, r.method, r.bench) for f in files if under_load(f.meta, f.trailers)
-                     for r in f.records)
+    return frozenset((*f.block, r.method, r.bench) for f in files
+                     if under_load(f.meta, [r.load_avg for r in f.records]) for r in f.records)
 
 
 def significant_cells(files: Sequence[ResultFile], reps: int = BOLD_REPS, seed: int = BOOTSTRAP_SEED) -> frozenset:

@@ -91,7 +91,6 @@ class RunStore:
         self.path = Path(path)
         self.meta = meta
         self.done: dict[RecordKey, GenerationRecord] = {}
-        self.written = 0  # records appended by this session
         if self.path.exists() and self.path.stat().st_size > 0:
             if resume:
                 self._load_existing()
@@ -144,11 +143,6 @@ class RunStore:
     def append(self, record: GenerationRecord) -> None:
         self._write({"type": "record", **record.to_dict()})
         self.done[(record.method, record.bench, record.prompt_id, record.turn)] = record
-        self.written += 1
-
-    def write_trailer(self, fields: dict) -> None:
-        """A closing line of this session (``type`` other than header/record: readers skip it)."""
-        self._write(fields)
 
     def close(self) -> None:
         self.fh.close()

@@ -241,6 +241,7 @@ class Runner:
         for record in _naming_prompt(turns, prompt.id):
             record.bench, record.prompt_id, record.query_index = self.bench, prompt.id, query.index
             record.config_hash = self.store.meta["config_hash"]
+            record.load_avg = machine_load.load_average()
             self.store.append(record)
 
     def _warmup(self) -> None:
@@ -268,7 +269,6 @@ class Runner:
                 for label, drafter in order:
                     self._run_side(label, drafter, query)
                 progress.advance(task)
-        self.store.write_trailer(machine_load.trailer(self.load_start, self.store.written))
         self.store.close()
         return list(self.store.done.values())
 

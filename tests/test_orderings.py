@@ -13,7 +13,7 @@ from specbench.machine_load import MARK, under_load
 from specbench.orderings import CLAIMS, Claim, ordering_frame
 from specbench.paired import verdict
 from specbench.records import GenerationRecord
-from specbench.report import ResultFile, build_report, write_report
+from specbench.report import ResultFile, write_report
 
 META = {"target": "t", "temperature": 0.0, "dtype": "float32", "threads": 1}
 
@@ -106,16 +106,16 @@ def test_load_flag_and_its_mark_in_the_report(tmp_path: Path):
     assert not under_load({})  # files written before load was recorded
     assert not under_load({"load_start": [1.0, 1, 1], "cpus": 2})
     assert under_load({"load_start": [1.6, 1, 1], "cpus": 2})
-    # At the end the run itself is running: its own threads do not count.
-    assert not under_load({"load_start": [0.1, 0, 0], "cpus": 2, "threads": 1}, [{"load_end": [2.4, 2, 2]}])
-    assert under_load({"load_start": [0.1, 0, 0], "cpus": 2, "threads": 1}, [{"load_end": [2.8, 2, 2]}])
-    records = [rec("vanilla", "p0", 1.0), rec("sps", "p0", 0.5)]
+    # After a turn the run itself is running: its own threads do not count.
+    assert not under_load({"load_start": [0.1, 0, 0], "cpus": 2, "threads": 1}, [[2.4, 2, 2], None])
+    assert under_load({"load_start": [0.1, 0, 0], "cpus": 2, "threads": 1}, [[1.0, 1, 1], [2.8, 2, 2]])
     for name, load in (("idle.jsonl", [0.2, 0.2, 0.2]), ("busy.jsonl", [5.0, 5.0, 5.0])):
-        lines = [{"type": "header", "meta": {**META, "bench": name, "load_start": load, "cpus": 2}}]
+        records = [rec("vanilla", "p0", 1.0), rec("sps", "p0", 0.5)]
+        for r in records:
+            r.load_avg = load
+        lines = [{"type": "header", "meta": {**META, "bench": name, "load_start": [0.1, 0.1, 0.1], "cpus": 2}}]
         lines += [{"type": "record", **r.to_dict()} for r in records]
-        lines.append({"type": "trailer", "load_start": load, "load_end": [1.0, 1, 1], "cpus": 2})
         (tmp_path / name).write_text("\n".join(json.dumps(x) for x in lines) + "\n")
         write_report(tmp_path / name, tmp_path / name.replace(".jsonl", ""), figures=False)
         md = (tmp_path / name.replace(".jsonl", "") / "main_table.md").read_text()
         assert (f"2.00× (n=1) {MARK}" in md) == (name == "busy.jsonl")
-    assert len(build_report(tmp_path / "busy.jsonl").files[0].trailers) == 1
