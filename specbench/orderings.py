@@ -137,7 +137,7 @@ def comparisons(claim: Claim, files: Sequence, bench: str | None) -> list[tuple[
     if claim.compare == "quarters":
         for label in sides_a:
             first, last = quarter_units(files, label, bench)
-            out.append((f"{label} (last ¼)", f"{label} (first ¼)", last, first))
+            out.append((f"{label} (last quarter)", f"{label} (first quarter)", last, first))
         return out
     if claim.compare == "next":
         ordered = sorted(sides_a, key=lambda k: _budget(sides_a[k]))

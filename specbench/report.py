@@ -715,7 +715,7 @@ def _md_row(cells: Sequence[str]) -> str:
 
 _TEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{",
         "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "×": r"$\times$", "τ": r"$\tau$",
-        "Δ": r"$\Delta$", "—": "---", "−": "$-$", "·": r"$\cdot$", "–": "--"}
+        "Δ": r"$\Delta$", "—": "---", "−": "$-$", "·": r"$\cdot$", "–": "--", "‡": r"\ddag{}"}
 
 
 def tex_escape(text: str) -> str:

@@ -119,3 +119,5 @@ def test_load_flag_and_its_mark_in_the_report(tmp_path: Path):
         write_report(tmp_path / name, tmp_path / name.replace(".jsonl", ""), figures=False)
         md = (tmp_path / name.replace(".jsonl", "") / "main_table.md").read_text()
         assert (f"2.00× (n=1) {MARK}" in md) == (name == "busy.jsonl")
+        tex = (tmp_path / name.replace(".jsonl", "") / "main_table.tex").read_text()
+        assert (r"\ddag{}" in tex) == (name == "busy.jsonl")

@@ -12,6 +12,7 @@ from specbench import metrics
 from specbench.errors import SpecbenchError
 from specbench.records import GenerationRecord
 from specbench.repeats import median_index, merge_repeats, repeat_times
+from specbench.report import write_report
 from test_cli import base_args, cli, read
 
 
@@ -53,6 +54,9 @@ def test_cli_repeats_keep_every_timing_with_identical_tokens(models, tmp_path, c
         record = GenerationRecord.from_dict(r)
         totals = sorted(repeat_times(record))
         assert record.total_time == pytest.approx(totals[1])  # the median repeat's times are the record's
+    if temperature == "0":  # fp32 greedy: the report's greedy-match column reads 100% of the one turn
+        write_report(out, tmp_path / "rep", figures=False)
+        assert "| 100% (1) |" in (tmp_path / "rep" / "main_table.md").read_text()
 
 
 def test_cli_repeats_refused_for_learning_drafters(models, tmp_path, capsys):
