@@ -80,6 +80,7 @@ def run(
     sweep: Optional[str] = typer.Option(None, help="key=v1,v2,...: one side per value, labelled METHOD@key=v."),
     also: list[str] = typer.Option([], "--also", help="Another method in the same run: name or name@key=value[@key=value] (repeatable)."),
     passes: int = typer.Option(1, help="Repeat the query stream N times (drafters that learn keep their state)."),
+    repeats: int = typer.Option(1, help="Generate and time each prompt turn R times per side (same tokens required); metrics use the median."),
     preset: Optional[str] = typer.Option(None, help="Run a paper preset instead (= `specbench reproduce PRESET`; --out is its folder)."),
     dry_run: bool = typer.Option(False, help="With --preset: print the plan, load no model."),
     target_revision: Optional[str] = typer.Option(None, help="Hub revision of --target (branch, tag or commit sha)."),
@@ -107,7 +108,8 @@ def run(
                     on_long_prompt=on_long_prompt, out=str(out) if out else None, resume=resume,
                     overwrite=overwrite, warmup=warmup, sweep=sweep, also=list(also), passes=passes,
                     target_revision=target_revision, chat_template=chat_template,
-                    chat_template_kwargs=parse_template_kwargs(list(chat_template_kwargs)))
+                    chat_template_kwargs=parse_template_kwargs(list(chat_template_kwargs)),
+                    repeats=repeats)
     runner = Runner(cfg, err)
     records = runner.run()
     if not runner.world.main:

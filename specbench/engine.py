@@ -14,6 +14,7 @@ import torch
 from specbench.drafter import DecodeState, Drafter, VerifyResult
 from specbench.prompts import render_chat
 from specbench.records import GenerationRecord
+from specbench.repeats import merge_repeats
 from specbench.target import Target
 from specbench.timing import PhaseTimer
 from specbench.verify import SamplingParams, TreeRule, sample_token, walk
@@ -132,14 +133,16 @@ def _truncate(tokens: list[int], eos: set[int], limit: int) -> tuple[list[int], 
 def generate_turns(target: Target, drafter: Drafter, turns: list[str], config_for: Callable[[int], GenerationConfig],
                    system_prompt: str | None = None, method: str | None = None,
                    finished: Callable[[int], GenerationRecord | None] = lambda turn: None,
-                   admit: Callable[[list[int]], bool] = lambda ids: True) -> Iterator[GenerationRecord]:
+                   admit: Callable[[list[int]], bool] = lambda ids: True,
+                   repeats: int = 1) -> Iterator[GenerationRecord]:
     """Multi-turn generation (MT-Bench): turn k is rendered with the chat template over the
     earlier user turns and this method's own answers to them.
 
     Yields each newly generated record as soon as it exists (so the caller can store it before
     the next turn starts). ``finished(k)`` returns an already stored record to reuse instead of
     regenerating (resume); ``admit(ids)`` may refuse a rendered turn (e.g. past the context),
-    which ends the conversation."""
+    which ends the conversation. ``repeats`` > 1 times each turn that many times back to back (same
+    seed; the tokens must agree) and yields the median repeat's record with every repeat's times."""
     messages: list[dict] = []
     for k, user in enumerate(turns):
         messages.append({"role": "user", "content": user})
@@ -148,7 +151,8 @@ def generate_turns(target: Target, drafter: Drafter, turns: list[str], config_fo
             ids = render_chat(target.tokenizer, messages, system_prompt, getattr(target, "chat", None))
             if not admit(ids):
                 return
-            record = generate(target, drafter, ids, config_for(k), method=method)
+            runs = [generate(target, drafter, ids, config_for(k), method=method) for _ in range(repeats)]
+            record = merge_repeats(runs, where=f"turn {k} of {method or drafter.name}") if repeats > 1 else runs[0]
             record.turn = k
             yield record
         answer = target.tokenizer.decode(record.new_tokens, skip_special_tokens=True)

@@ -29,6 +29,8 @@ class GenerationRecord:
     query_index: int = -1  # position in the run's query stream (learning drafters see queries in this order)
     config_hash: str = ""
     extra: dict = field(default_factory=dict)  # drafter-specific statistics
+    times_repeats: list[dict[str, float]] = field(default_factory=list)  # --repeats: every repeat's `times`; `times` = the median one
+    load_avg: list[float] | None = None  # the machine's load average (1, 5, 15 min) when this turn finished
 
     @property
     def num_new(self) -> int:
@@ -40,7 +42,12 @@ class GenerationRecord:
 
     @property
     def total_time(self) -> float:
-        return self.times.get("prefill", 0.0) + self.decode_time
+        return self.total_of(self.times)
+
+    @staticmethod
+    def total_of(times: dict[str, float]) -> float:
+        """Prefill + decode seconds of one phase-times dict."""
+        return times.get("prefill", 0.0) + sum(times.get(p, 0.0) for p in DECODE_PHASES)
 
     @property
     def committed(self) -> int:

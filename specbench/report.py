@@ -28,7 +28,9 @@ import numpy as np
 import pandas as pd
 
 from specbench import metrics
+from specbench.cost_model import ideal_and_efficiency
 from specbench.errors import SpecbenchError
+from specbench.machine_load import LOAD_SHARE, MARK, under_load
 from specbench.records import GenerationRecord
 
 PathSpec = Union[str, Path, Sequence[Union[str, Path]]]
@@ -40,6 +42,7 @@ DASH = "—"
 DEFAULT_PAPER_NUMBERS = Path(__file__).resolve().parents[1] / "reports" / "paper_numbers.csv"
 BOOTSTRAP_REPS = 1000
 BOOTSTRAP_SEED = 0
+BOLD_REPS = 2000  # resamples of the paired test behind bold
 
 # Paper column order first (SpecBlock Table 1), then the other benches we ship, then anything else.
 BENCH_ORDER = ("humaneval", "math500", "alpaca", "natural_questions", "mt_bench", "wmt23", "gsm8k",
@@ -213,18 +216,13 @@ def bootstrap_ci(columns: np.ndarray, statistic: Callable[[np.ndarray], np.ndarr
     ``columns[i]`` holds prompt i's additive totals (tokens, seconds, ...); every metric here is a ratio
     of pooled sums, so a resample's statistic needs only the resampled column sums: draw n prompts with
     replacement per rep, count how often each was drawn, and take one matrix product."""
-    n = len(columns)
-    if n == 0 or reps <= 0:
+    from specbench.paired import percentile_interval, resampled_sums
+
+    if len(columns) == 0 or reps <= 0:
         return math.nan, math.nan
-    draws = np.random.default_rng(seed).integers(0, n, size=(reps, n))
-    counts = np.bincount((draws + n * np.arange(reps)[:, None]).ravel(), minlength=reps * n).reshape(reps, n)
     with np.errstate(divide="ignore", invalid="ignore"):
-        values = statistic(counts @ columns)
-    values = values[np.isfinite(values)]
-    if not len(values):
-        return math.nan, math.nan
-    lo, hi = np.percentile(values, [50 * (1 - level), 50 * (1 + level)])
-    return float(lo), float(hi)
+        values = statistic(resampled_sums(columns, reps, seed))
+    return percentile_interval(values, level)
 
 
 def _by_prompt(records: Iterable[GenerationRecord]) -> dict[str, list[GenerationRecord]]:
@@ -257,7 +255,7 @@ def tau_ci(records: Sequence[GenerationRecord], **kw) -> tuple[float, float]:
 
 CELL_COLUMNS = ["target", "temperature", "method", "bench", "n_prompts", "speedup", "speedup_lo", "speedup_hi",
                 "speedup_decode", "tau", "tau_lo", "tau_hi", "tau_macro", "td", "greedy_match", "tokens_per_s",
-                "tokens_per_s_decode", "vanilla_tokens_per_s", "reason"]
+                "tokens_per_s_decode", "vanilla_tokens_per_s", "ideal_speedup", "efficiency", "reason"]
 
 
 def _cell(block: Block, method: str, bench: str, ours: Sequence[GenerationRecord], base: Sequence[GenerationRecord],
@@ -279,6 +277,7 @@ def _cell(block: Block, method: str, bench: str, ours: Sequence[GenerationRecord
     row.update(speedup=metrics.speedup(ours, base), speedup_decode=metrics.speedup(ours, base, decode_only=True),
                vanilla_tokens_per_s=metrics.tokens_per_second(matched_base))
     row["speedup_lo"], row["speedup_hi"] = speedup_ci(ours, base, reps=reps, seed=seed)
+    row["ideal_speedup"], row["efficiency"] = ideal_and_efficiency(ours, base)
     if block[1] == 0:  # exact match is only expected under greedy decoding
         row["greedy_match"] = metrics.greedy_match_rate(ours, base)
     return row
@@ -300,14 +299,19 @@ def cell_frame(blocks: dict[Block, list[GenerationRecord]], reps: int = BOOTSTRA
 
 
 def method_frame(blocks: dict[Block, list[GenerationRecord]]) -> pd.DataFrame:
-    """Per (block, method): T_D over all its records, the mean Spd/τ over its benches (SpecBlock's Mean)."""
+    """Per (block, method): T_D over all its records; at T = 0 the share of its turns whose text equals
+    vanilla's (greedy_match) and how many turns paired (greedy_n)."""
     rows = []
     for block, recs in sorted(blocks.items()):
+        base = [r for r in recs if r.method == VANILLA]
         for method in sorted({r.method for r in recs}):
             ours = [r for r in recs if r.method == method]
+            greedy_n = len(metrics.matched(ours, base)) if block[1] == 0 and method != VANILLA else 0
             rows.append(dict(target=block[0], temperature=block[1], method=method, td=metrics.draft_share(ours),
-                             n_records=len(ours)))
-    return pd.DataFrame(rows, columns=["target", "temperature", "method", "td", "n_records"])
+                             n_records=len(ours), greedy_match=metrics.greedy_match_rate(ours, base) if greedy_n
+                             else math.nan, greedy_n=greedy_n))
+    return pd.DataFrame(rows, columns=["target", "temperature", "method", "td", "n_records", "greedy_match",
+                                       "greedy_n"])
 
 
 def missing_reasons(cells: pd.DataFrame) -> dict[tuple[str, float, str, str], str]:
@@ -374,14 +378,11 @@ class Table:
         self.align = self.align or "l" + "r" * (len(self.columns) - 1)
 
 
-def _bold_best(rows: list[list[Cell]], col: int) -> None:
-    """Bold the best speedup of a column within one block (ties all bold, compared as printed)."""
-    values = [float(r[col].text.rstrip("×")) for r in rows if r[col].text != DASH]
-    if values:
-        best = max(values)
-        for r in rows:
-            if r[col].text != DASH and float(r[col].text.rstrip("×")) == best:
-                r[col] = Cell(r[col].text, True)
+def fmt_spd_n(x: float, n, loaded: bool = False) -> str:
+    """A speedup with the prompts behind it, and the under-load mark when its file was recorded under load."""
+    if not _finite(x):
+        return DASH
+    return f"{fmt_spd(x)} (n={int(n)})" + (f" {MARK}" if loaded else "")
 
 
 def _bench_groups(benches: Sequence[str], lead: Sequence[str]) -> tuple[list[str], list[tuple[str, int]]]:
@@ -418,14 +419,19 @@ def provenance_lines(files: Sequence[ResultFile]) -> list[str]:
     return lines
 
 
-def main_table(cells: pd.DataFrame, methods: pd.DataFrame, provenance: Sequence[str] = ()) -> Table:
-    """SpecBlock Table 1 layout: a block per (target, T), a row per method, Spd/τ per bench, Mean, T_D%."""
+def main_table(cells: pd.DataFrame, methods: pd.DataFrame, provenance: Sequence[str] = (),
+               bold: frozenset = frozenset(), loaded: frozenset = frozenset()) -> Table:
+    """SpecBlock Table 1 layout: a block per (target, T), a row per method, Spd (n)/τ per bench, Mean with the
+    cost model's ideal speedup and efficiency, T_D%, greedy match. ``bold``: (target, T, method, bench or
+    'mean') whose speedup's paired interval excludes the runner-up's; ``loaded``: (target, T, method, bench)
+    recorded under load."""
     benches = sorted(cells.bench.unique(), key=bench_key)
     columns, groups = _bench_groups(benches, ["Method"])
-    columns += ["Spd", "τ", "T_D%"]
-    groups += [("Mean", 2), ("", 1)]
+    columns += ["Spd", "τ", "Ideal", "Eff.", "T_D%", "Greedy"]
+    groups += [("Mean", 4), ("", 2)]
     mean_spd, mean_tau = mean_over_benches(cells, "speedup"), mean_over_benches(cells, "tau")
-    td = methods.set_index(["target", "temperature", "method"])["td"]
+    mean_ideal, mean_eff = mean_over_benches(cells, "ideal_speedup"), mean_over_benches(cells, "efficiency")
+    per_method = methods.set_index(["target", "temperature", "method"])
     sections, records = [], []
     for (target, temp), block in cells.groupby(["target", "temperature"], sort=True):
         rows = []
@@ -434,19 +440,35 @@ def main_table(cells: pd.DataFrame, methods: pd.DataFrame, provenance: Sequence[
             key = (target, temp, method)
             row = [Cell(method)]
             data = dict(target=target, temperature=f"{temp:g}", method=method)
+            n_all = 0
             for bench in benches:
-                spd, tau = part.at[bench, "speedup"], part.at[bench, "tau"]
-                row += [Cell(fmt_spd(spd)), Cell(fmt_tau(tau))]
-                data.update({f"{bench}_spd": spd, f"{bench}_tau": tau})
-            row += [Cell(fmt_spd(mean_spd[key])), Cell(fmt_tau(mean_tau[key])), Cell(fmt_pct(td[key]))]
-            data.update(mean_spd=mean_spd[key], mean_tau=mean_tau[key], td_percent=100 * td[key])
+                spd, tau, n = part.at[bench, "speedup"], part.at[bench, "tau"], part.at[bench, "n_prompts"]
+                n_all += int(n) if _finite(spd) else 0
+                row += [Cell(fmt_spd_n(spd, n, (*key, bench) in loaded), (*key, bench) in bold), Cell(fmt_tau(tau))]
+                data.update({f"{bench}_spd": spd, f"{bench}_tau": tau, f"{bench}_n": n})
+            greedy, greedy_n = per_method.at[key, "greedy_match"], per_method.at[key, "greedy_n"]
+            any_loaded = any((*key, b) in loaded for b in benches)
+            row += [Cell(fmt_spd_n(mean_spd[key], n_all, any_loaded), (*key, MEAN) in bold),
+                    Cell(fmt_tau(mean_tau[key])), Cell(fmt_spd(mean_ideal[key])), Cell(fmt_pct(mean_eff[key])),
+                    Cell(fmt_pct(per_method.at[key, "td"])),
+                    Cell(f"{fmt_pct(greedy)} ({int(greedy_n)})" if greedy_n else DASH)]
+            data.update(mean_spd=mean_spd[key], mean_tau=mean_tau[key], mean_ideal_spd=mean_ideal[key],
+                        mean_efficiency=mean_eff[key], td_percent=100 * per_method.at[key, "td"],
+                        greedy_match=greedy, greedy_n=greedy_n, under_load=any_loaded)
             rows.append(row)
             records.append(data)
-        for col in range(1, len(columns) - 1, 2):  # every Spd column, Mean included
-            _bold_best(rows, col)
         sections.append((block_label((target, temp)), rows))
-    notes = ["Mean = mean over the benchmarks each method ran; T_D% = drafter share of decode time over all its "
-             "prompts; bold = best speedup in its column within a block"]
+    notes = ["Spd (n=prompts) = end-to-end speedup over the same file's vanilla; Mean = mean over the benchmarks "
+             "each method ran (n summed); T_D% = drafter share of decode time over all its prompts; bold = the "
+             "best speedup of its column within a block whose paired bootstrap interval (over prompt turns, "
+             f"{BOLD_REPS} resamples) against the runner-up lies above 1 (Mean: pooled over the benchmarks)",
+             "Ideal = τ · t_vanilla_step / (t_draft + t_verify) from the measured forward times per verify call "
+             "(see specbench/cost_model.py); Eff. = measured decode-only speedup / ideal (overhead beyond model "
+             "forwards); both means over benchmarks",
+             "Greedy = share of T = 0 turns (n) whose text equals vanilla's token for token"]
+    if loaded:
+        notes.append(f"{MARK} = recorded under load: other work took more than {LOAD_SHARE:.0%} of the machine's "
+                     "CPUs before the run or after one of its turns (header load_start, record load_avg); its timings are suspect")
     notes += [f"{m} × {b} ({block_label((t, temp))}): {why}" for (t, temp, m, b), why in missing_reasons(cells).items()]
     return Table("main_table", "Speedup (Spd) over vanilla and mean accepted length τ per benchmark", columns,
                  groups, sections, pd.DataFrame(records), notes, list(provenance))
@@ -454,7 +476,7 @@ def main_table(cells: pd.DataFrame, methods: pd.DataFrame, provenance: Sequence[
 
 def companion_table(cells: pd.DataFrame, provenance: Sequence[str] = ()) -> Table:
     """Per method and bench: end-to-end vs decode-only speedup with 95% CIs, greedy match, tokens/s, n."""
-    columns = ["Method", "Bench", "n", "Spd [95% CI]", "Spd decode", "τ [95% CI]", "τ macro", "T_D%",
+    columns = ["Method", "Bench", "n", "Spd [95% CI]", "Spd decode", "Ideal", "Eff.", "τ [95% CI]", "τ macro", "T_D%",
                "Greedy match", "tok/s", "vanilla tok/s"]
     ran = cells[cells.n_prompts > 0]
     sections, notes = [], []
@@ -464,7 +486,8 @@ def companion_table(cells: pd.DataFrame, provenance: Sequence[str] = ()) -> Tabl
             greedy = DASH if not _finite(r.greedy_match) else f"{100 * r.greedy_match:.0f}%"
             rows.append([Cell(r.method), Cell(r.bench), Cell(str(r.n_prompts)),
                          Cell(fmt_ci(fmt_spd(r.speedup), r.speedup_lo, r.speedup_hi, fmt_spd)),
-                         Cell(fmt_spd(r.speedup_decode)), Cell(fmt_ci(fmt_tau(r.tau), r.tau_lo, r.tau_hi, fmt_tau)),
+                         Cell(fmt_spd(r.speedup_decode)), Cell(fmt_spd(r.ideal_speedup)), Cell(fmt_pct(r.efficiency)),
+                         Cell(fmt_ci(fmt_tau(r.tau), r.tau_lo, r.tau_hi, fmt_tau)),
                          Cell(fmt_tau(r.tau_macro)), Cell(fmt_pct(r.td)), Cell(greedy),
                          Cell(_fmt_tps(r.tokens_per_s)), Cell(_fmt_tps(r.vanilla_tokens_per_s))])
             if r.reason:
@@ -472,11 +495,13 @@ def companion_table(cells: pd.DataFrame, provenance: Sequence[str] = ()) -> Tabl
         sections.append((block_label((target, temp)), rows))
     if (ran.temperature > 0).any():
         notes.append("greedy match is reported at T = 0 only; at T > 0 outputs are samples")
+    notes.append("Ideal = the cost model's speedup from measured forward times (specbench/cost_model.py); "
+                 "Eff. = Spd decode / Ideal")
     data = ran.assign(temperature=ran.temperature.map(lambda t: f"{t:g}"), td_percent=100 * ran.td)
     data = data.sort_values(["target", "temperature", "method", "bench"]).reset_index(drop=True)
     data = data[[c if c != "td" else "td_percent" for c in CELL_COLUMNS]]
     return Table("companion_table", "Speedup end-to-end vs decode-only, with bootstrap 95% intervals over prompts",
-                 columns, [], sections, data, notes, list(provenance), align="ll" + "r" * 9)
+                 columns, [], sections, data, notes, list(provenance), align="ll" + "r" * 11)
 
 
 def _fmt_tps(x: float) -> str:
@@ -691,7 +716,7 @@ def _md_row(cells: Sequence[str]) -> str:
 
 _TEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{",
         "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "×": r"$\times$", "τ": r"$\tau$",
-        "Δ": r"$\Delta$", "—": "---", "−": "$-$", "·": r"$\cdot$", "–": "--"}
+        "Δ": r"$\Delta$", "—": "---", "−": "$-$", "·": r"$\cdot$", "–": "--", "‡": r"\ddag{}"}
 
 
 def tex_escape(text: str) -> str:
@@ -788,11 +813,12 @@ class Report:
     papers: Table | None
     rank: Table | None = None
     paper_metric: Table | None = None
+    orderings: Table | None = None
 
     @property
     def tables(self) -> list[Table]:
-        return [t for t in (self.main, self.companion, self.ablation, self.rank, self.papers, self.paper_metric)
-                if t is not None]
+        return [t for t in (self.main, self.companion, self.ablation, self.rank, self.papers, self.paper_metric,
+                            self.orderings) if t is not None]
 
 
 def build_report(results: PathSpec, paper_numbers: str | Path | None = DEFAULT_PAPER_NUMBERS,
@@ -807,8 +833,44 @@ def build_report(results: PathSpec, paper_numbers: str | Path | None = DEFAULT_P
     if paper_numbers is not None and Path(paper_numbers).is_file():
         papers = paper_comparison_table(cells, methods, load_paper_numbers(paper_numbers), files,
                                         prov + [f"paper numbers: {Path(paper_numbers).name}"])
-    return Report(files, blocks, cells, methods, main_table(cells, methods, prov), companion_table(cells, prov),
-                  ablation_table(cells, prov), papers, rank_head_table(blocks, prov), paper_metric_table(files))
+    from specbench.orderings import ordering_frame, orderings_table
+
+    bold = significant_cells(files, reps=BOLD_REPS if reps else 0, seed=seed)  # reps=0: a preview, no tests
+    main = main_table(cells, methods, prov, bold, loaded_cells(files))
+    orderings = orderings_table(ordering_frame(files, seed=seed), prov) if reps else None
+    return Report(files, blocks, cells, methods, main, companion_table(cells, prov),
+                  ablation_table(cells, prov), papers, rank_head_table(blocks, prov), paper_metric_table(files),
+                  orderings)
+
+
+def loaded_cells(files: Sequence[ResultFile]) -> frozenset:
+    """(target, T, method, bench) of every record in a file recorded under load (machine_load.under_load)."""
+    return frozenset((*f.block, r.method, r.bench) for f in files
+                     if under_load(f.meta, [r.load_avg for r in f.records]) for r in f.records)
+
+
+def significant_cells(files: Sequence[ResultFile], reps: int = BOLD_REPS, seed: int = BOOTSTRAP_SEED) -> frozenset:
+    """(target, T, method, bench or 'mean') whose speedup is the column's best with a paired bootstrap interval
+    against the runner-up above 1 (``paired.significant_best``); nothing when ``reps`` is 0."""
+    from specbench.orderings import units
+    from specbench.paired import significant_best
+
+    if not reps:
+        return frozenset()
+    by_block: dict[Block, list[ResultFile]] = {}
+    for f in files:
+        if f.records:
+            by_block.setdefault(f.block, []).append(f)
+    out = set()
+    for block, group in by_block.items():
+        labels = sorted({r.method for f in group for r in f.records} - {VANILLA})
+        benches = sorted({r.bench for f in group for r in f.records})
+        for bench in benches + [None]:
+            sides = {label: units(group, label, bench, False) for label in labels}
+            best = significant_best({k: v for k, v in sides.items() if v}, "speedup", reps, seed)
+            if best:
+                out.add((*block, best, bench or MEAN))
+    return frozenset(out)
 
 
 _CSS = """body{font-family:system-ui,sans-serif;margin:2em;color:#222;max-width:1400px}

@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from specbench import distributed, hub, metrics
+from specbench import distributed, hub, machine_load, metrics
 from specbench.benchmarks import Prompt
 from specbench.devices import choose_dtype, resolve_device
 from specbench.drafter import Drafter, method_class, parse_options
@@ -75,6 +75,7 @@ class RunConfig:
     target_revision: str | None = None  # hub revision of the target (or target "org/name@rev")
     chat_template: str = "auto"  # auto | tokenizer | vicuna_v1.1 | plain (prompts.TEMPLATES)
     chat_template_kwargs: dict = field(default_factory=dict)  # passed to apply_chat_template
+    repeats: int = 1  # times each prompt turn is generated and timed per side (the median one is reported)
 
     @property
     def method_label(self) -> str:
@@ -93,6 +94,8 @@ class RunConfig:
         for key, default in (("target_revision", None), ("chat_template", "auto"), ("chat_template_kwargs", {})):
             if getattr(self, key) != default:
                 ident[key] = getattr(self, key)
+        if self.repeats != 1:  # only then, so files written before --repeats existed keep their hash
+            ident["repeats"] = self.repeats
         return ident
 
 
@@ -164,6 +167,8 @@ def validate(cfg: RunConfig) -> None:
         raise SpecbenchError(f"--passes must be >= 1 (got {cfg.passes})")
     if cfg.device_map is not None and cfg.device_map not in DEVICE_MAPS:
         raise SpecbenchError(f"--device-map must be one of {', '.join(DEVICE_MAPS)} (got {cfg.device_map!r})")
+    if cfg.repeats < 1:
+        raise SpecbenchError(f"--repeats must be >= 1 (got {cfg.repeats})")
     if cfg.on_long_prompt not in ("skip", "fail"):
         raise SpecbenchError(f"--on-long-prompt must be 'skip' or 'fail' (got {cfg.on_long_prompt!r})")
     try:
@@ -199,6 +204,7 @@ def record_seed(seed: int, prompt_id: str, turn: int) -> int:
 class Runner:
     def __init__(self, cfg: RunConfig, console: Console | None = None) -> None:
         validate(cfg)
+        self.load_start = machine_load.load_average()  # before anything of ours loads
         # auto device/dtype are resolved (and bad devices refused) before anything loads; the
         # records name the resolved values.
         device = resolve_device(cfg.device)
@@ -213,6 +219,10 @@ class Runner:
         parsed = [(spec, cls, parse_options(cls, spec.options)) for spec, cls in parsed]
         for _, cls, opts in parsed:  # paths exist / hub ids are well formed; downloads happen at load
             cls.check_references(opts)
+        learners = [spec.label for spec, cls, _ in parsed if cls.learns]
+        if cfg.repeats > 1 and learners:
+            raise SpecbenchError(f"--repeats {cfg.repeats} would feed every query {cfg.repeats} times to "
+                                 f"{', '.join(learners)}, which learn while serving; time them with --repeats 1")
         prompts = load_stream_prompts(cfg.bench, cfg.data_dir, limit=cfg.limit, sample=cfg.sample, seed=cfg.seed,
                                       category=cfg.category)
         self.world = distributed.init(cfg.device)
@@ -303,7 +313,8 @@ class Runner:
             self.sides.append((BASELINE, baseline))
         prompt_format = self.target.chat.describe(self.target.tokenizer) if self.target.chat else None
         env = {**environment_metadata(self.target.device), "weights": weights_metadata(self.target, self.sides),
-               "prompt_format": prompt_format, "dtype_reason": self.dtype_reason}
+               "prompt_format": prompt_format, "dtype_reason": self.dtype_reason,
+               **machine_load.start_fields(self.load_start)}
         if cfg.device_map:
             placed = getattr(self.target.model, "hf_device_map", None) or {"": str(self.target.device)}
             env["device_map"] = sorted({str(d) for d in placed.values()})  # the devices the target spans
@@ -346,11 +357,12 @@ class Runner:
             turn = k  # generate_turns asks before it renders (and admits) turn k
             return self.store.done.get((label, self.bench, prompt.id, k))
 
-        for record in generate_turns(self.target, drafter, prompt.turns, config_for, self.cfg.system_prompt, label,
-                                     finished=finished,
-                                     admit=admit):
+        turns = generate_turns(self.target, drafter, prompt.turns, config_for, self.cfg.system_prompt, label,
+                               finished=finished, admit=admit, repeats=self.cfg.repeats)
+        for record in _naming_prompt(turns, prompt.id):
             record.bench, record.prompt_id, record.query_index = self.bench, prompt.id, query.index
             record.config_hash = self.store.meta["config_hash"]
+            record.load_avg = machine_load.load_average()
             self.store.append(record)
 
     def _warmup(self) -> None:
@@ -385,6 +397,14 @@ class Runner:
             distributed.barrier()  # every part is complete
             return self._merge_parts() if self.world.main else []
         return list(self.store.done.values())
+
+
+def _naming_prompt(records, prompt_id: str):
+    """Re-raise a repeat mismatch with the prompt it happened on."""
+    try:
+        yield from records
+    except SpecbenchError as exc:
+        raise SpecbenchError(f"prompt {prompt_id}: {exc}") from None
 
 
 def summary_table(records: list[GenerationRecord], temperature: float) -> Table:
