@@ -264,7 +264,7 @@ class DVIDrafter(Drafter):
             bases.append(base)
             drafts.append(feed)
         self.target.forward_shallow([feed], o.layer)  # the last draft's shallow pass: its row yields the bonus
-        self.pending = (torch.cat(xs), torch.cat(bases), torch.tensor(drafts))
+        self.pending = (torch.cat(xs), torch.cat(bases), torch.tensor(drafts, device=self.target.device))
         if qs:
             return DraftTree.chain(drafts, q=torch.stack(qs), kind=SiblingKind.SAMPLED_IID)
         return DraftTree.chain(drafts)
@@ -275,8 +275,8 @@ class DVIDrafter(Drafter):
         logged = min(accepted + 1, self.options.k)  # up to and including the first rejection
         x, base, drafts = self.pending
         rows = {"x": x[:logged], "base": base[:logged], "z_v": result.logits[:logged].to(base.dtype),
-                "draft": drafts[:logged], "verifier": torch.tensor(result.committed[:logged]),
-                "reward": (torch.arange(logged) < accepted).float()}
+                "draft": drafts[:logged], "verifier": torch.tensor(result.committed[:logged], device=base.device),
+                "reward": (torch.arange(logged, device=base.device) < accepted).float()}
         self.turn["logged"] += logged
         self.turn["accepted"] += accepted
         if not self.options.learn:

@@ -94,7 +94,7 @@ class SampledTreeDrafter(Drafter):
 
     def _q(self, ids: list[int], state: DecodeState) -> torch.Tensor:
         with torch.no_grad():
-            logits = self.model(torch.tensor([ids])).logits[0, -1]
+            logits = self.model(torch.tensor([ids], device=self.model.device)).logits[0, -1]
         return logits_to_probs(logits.unsqueeze(0), state.params)[0]
 
     def propose(self, state: DecodeState) -> DraftTree:
