@@ -16,6 +16,7 @@ import copy
 import dataclasses
 import functools
 import time
+import zlib
 
 import numpy as np
 import pytest
@@ -293,3 +294,35 @@ def test_broken_step_is_caught(name, monkeypatch):
     break_step(monkeypatch, CASES[name][1])
     p, _ = pvalue(name, BROKEN_SAMPLES)
     assert p < ALPHA
+
+
+# ---- the statistics themselves, on direct draws from a known law ---------------------------------
+def random_law(prefix: tuple) -> np.ndarray:
+    """A fixed, prefix-dependent next-token law over V tokens."""
+    logits = np.random.default_rng(zlib.crc32(bytes(prefix))).normal(size=V)
+    return np.exp(logits) / np.exp(logits).sum()
+
+
+def draw(law, n: int, seed: int) -> list[tuple]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        seq: tuple = ()
+        for _ in range(DEPTH):
+            seq += (int(rng.choice(V, p=law(seq))),)
+        out.append(seq)
+    return out
+
+
+def combined_pvalue(sequences, law) -> float:
+    def prefix_prob(prefix):
+        return float(np.prod([law(prefix[:t])[prefix[t]] for t in range(len(prefix))]))
+    _, _, p_chi2 = sequential_chi2(sequences, law, prefix_prob)
+    return min(1.0, 2 * min(p_chi2, loglik_z(sequences, law)[1]))
+
+
+def test_statistics_accept_the_law_and_catch_a_context_error_after_position_four():
+    assert combined_pvalue(draw(random_law, SAMPLES, 0), random_law) > ALPHA
+    # From position 4 on, the sampler forgets the token at position 2 (a compaction-like error).
+    forgetful = lambda prefix: random_law(prefix[:2] + prefix[3:] if len(prefix) >= 4 else prefix)  # noqa: E731
+    assert combined_pvalue(draw(forgetful, BROKEN_SAMPLES, 0), random_law) < ALPHA
