@@ -8,8 +8,10 @@ A method is a ``Drafter`` subclass registered under the entry-point group ``spec
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -158,11 +160,38 @@ def parse_options(cls: type[Drafter], raw: dict[str, Any]) -> Any:
         if key not in valid:
             known = ", ".join(valid) or "none"
             raise SpecbenchError(f"method {cls.name!r} has no option {key!r}; its options are: {known}")
+        if isinstance(value, dict):
+            raise SpecbenchError(f"option {key} for {cls.name!r} must be a single value or a list, not a mapping")
+        if isinstance(value, (list, tuple)):  # a YAML/JSON list: the same as key=a,b,c
+            value = ",".join(str(v) for v in value)
         try:
-            values[key] = _cast(value, valid[key].type) if isinstance(value, str) else value
+            values[key] = _cast(value if isinstance(value, str) else str(value), valid[key].type)
         except ValueError as exc:
             raise SpecbenchError(f"option {key}={value!r} for {cls.name!r}: {exc}") from None
+    for key, value in values.items():
+        _check_value(cls.name, key, value)
     return cls.Options(**values)
+
+
+# Options that name a model or drafter: a local-looking path must exist (checked before any load).
+PATH_OPTIONS = ("path", "draft", "pacer", "head")
+MAX_OPTION_INT = 2**31 - 1
+
+
+def _check_value(method: str, key: str, value: Any) -> None:
+    """Numbers must be finite, non-negative and fit an int32 (every count, size, rate and weight is);
+    a path-like model option must exist."""
+    for item in value if isinstance(value, (list, tuple)) else [value]:
+        if isinstance(item, bool) or not isinstance(item, (int, float)):
+            continue
+        if not math.isfinite(item) or item < 0 or item > MAX_OPTION_INT:
+            raise SpecbenchError(f"option {key}={value!r} for {method!r}: expected a finite number between 0 and "
+                                 f"{MAX_OPTION_INT}")
+    if key in PATH_OPTIONS and isinstance(value, str) and value:
+        looks_local = value.startswith((".", "/", "~")) or value.count("/") > 1
+        if looks_local and not Path(value).expanduser().exists():
+            raise SpecbenchError(f"option {key}={value!r} for {method!r}: {value} does not exist; pass an existing "
+                                 "folder or file, or a hub id")
 
 
 def create_drafter(name: str, options: dict[str, Any] | None = None) -> Drafter:

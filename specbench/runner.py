@@ -9,6 +9,7 @@ recorded order (``--passes N`` repeats it)."""
 
 from __future__ import annotations
 
+import math
 import warnings
 import zlib
 from dataclasses import asdict, dataclass, field
@@ -18,8 +19,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from specbench import metrics
-from specbench.benchmarks import Prompt
+from specbench import interrupt, metrics
+from specbench.devices import resolve_device
+from specbench.benchmarks import Prompt, check_data_dir_option
 from specbench.drafter import Drafter, method_class, parse_options
 from specbench.engine import GenerationConfig, generate, generate_turns
 from specbench.errors import SpecbenchError
@@ -27,7 +29,7 @@ from specbench.prompts import render_chat
 from specbench.records import GenerationRecord
 from specbench.results import RunStore, config_hash, environment_metadata
 from specbench.streams import Query, build_queries, load_stream_prompts, stream_name
-from specbench.target import DEFAULT_TARGET, Target
+from specbench.target import DEFAULT_TARGET, Target, resolve_dtype
 from specbench.verify import SamplingParams
 
 BASELINE = "vanilla"
@@ -128,7 +130,13 @@ def run_sides(cfg: RunConfig) -> list[Side]:
     return sides
 
 
+MAX_PASSES = 1000  # a stream is materialised in memory; more passes than this is a typo
+
+
 def validate(cfg: RunConfig) -> None:
+    for name, value in (("--temperature", cfg.temperature), ("--top-p", cfg.top_p)):
+        if not math.isfinite(value):
+            raise SpecbenchError(f"{name} must be a finite number (got {value})")
     if cfg.limit is not None and cfg.limit < 1:
         raise SpecbenchError(f"--limit must be >= 1 (got {cfg.limit}); omit it to run every prompt")
     if cfg.temperature < 0:
@@ -137,14 +145,20 @@ def validate(cfg: RunConfig) -> None:
         raise SpecbenchError(f"--max-new-tokens must be >= 1 (got {cfg.max_new_tokens})")
     if cfg.baseline not in (BASELINE, "none"):
         raise SpecbenchError(f"--baseline must be 'vanilla' or 'none' (got {cfg.baseline!r})")
-    if cfg.passes < 1:
-        raise SpecbenchError(f"--passes must be >= 1 (got {cfg.passes})")
+    if not 1 <= cfg.passes <= MAX_PASSES:
+        raise SpecbenchError(f"--passes must be between 1 and {MAX_PASSES} (got {cfg.passes})")
     if cfg.on_long_prompt not in ("skip", "fail"):
         raise SpecbenchError(f"--on-long-prompt must be 'skip' or 'fail' (got {cfg.on_long_prompt!r})")
     try:
         SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
     except ValueError as exc:
         raise SpecbenchError(str(exc)) from None
+    resolve_dtype(cfg.dtype)
+    resolve_device(cfg.device)
+    check_data_dir_option(cfg.data_dir)
+    if cfg.attn_implementation not in ("sdpa", "eager"):
+        raise SpecbenchError(f"--attn must be sdpa or eager (got {cfg.attn_implementation!r}); "
+                             "FlashAttention kernels cannot take the tree mask")
 
 
 def default_out(cfg: RunConfig) -> Path:
@@ -175,8 +189,21 @@ class Runner:
         meta = {**cfg.identity(), "method_options": {spec.label: asdict(opts) for spec, _, opts in parsed},
                 "config_hash": config_hash(cfg.identity()), "stream": [q.prompt.id for q in self.queries]}
         self.store = RunStore(cfg.out or default_out(cfg), meta, resume=cfg.resume, overwrite=cfg.overwrite)
+        try:
+            self._load(parsed)
+        except BaseException:
+            self.store.abandon()  # a bad target or drafter leaves no empty results file behind
+            raise
+        self.sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
+        self.skipped: list[str] = []
+        learners = [label for label, d in self.sides if d.learns]
+        if cfg.resume and self.store.done and learners:
+            warnings.warn(f"resuming {', '.join(learners)}: what they learnt before the interruption is not restored, "
+                          "so later queries start from the pre-deployment drafter; rerun with --overwrite for a clean stream")
+
+    def _load(self, parsed) -> None:
+        cfg = self.cfg
         self.target = Target.load(cfg.target, cfg.dtype, cfg.device, cfg.attn_implementation)
-        self.store.start(environment_metadata(self.target.device))
         self.sides: list[tuple[str, Drafter]] = []
         for spec, cls, opts in parsed:
             drafter = cls(opts)
@@ -186,12 +213,7 @@ class Runner:
             baseline = method_class(BASELINE)()
             baseline.setup(self.target)
             self.sides.append((BASELINE, baseline))
-        self.sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
-        self.skipped: list[str] = []
-        learners = [label for label, d in self.sides if d.learns]
-        if cfg.resume and self.store.done and learners:
-            warnings.warn(f"resuming {', '.join(learners)}: what they learnt before the interruption is not restored, "
-                          "so later queries start from the pre-deployment drafter; rerun with --overwrite for a clean stream")
+        self.store.start(environment_metadata(self.target.device))
 
     @property
     def prompts(self) -> list[Prompt]:
@@ -244,16 +266,21 @@ class Runner:
             self._warmup()
         columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
-        with Progress(*columns, console=self.console, transient=False) as progress:
-            names = ", ".join(label for label, _ in self.sides if label != BASELINE)
-            task = progress.add_task(f"{names} on {self.bench}", total=len(self.queries))
-            for query in self.queries:
-                # Alternate which side goes first so slow drift does not favour any.
-                order = self.sides if query.index % 2 == 0 else self.sides[::-1]
-                for label, drafter in order:
-                    self._run_side(label, drafter, query)
-                progress.advance(task)
-        self.store.close()
+        try:
+            with Progress(*columns, console=self.console, transient=False) as progress:
+                names = ", ".join(label for label, _ in self.sides if label != BASELINE)
+                task = progress.add_task(f"{names} on {self.bench}", total=len(self.queries))
+                for query in self.queries:
+                    # Alternate which side goes first so slow drift does not favour any.
+                    order = self.sides if query.index % 2 == 0 else self.sides[::-1]
+                    for label, drafter in order:
+                        self._run_side(label, drafter, query)
+                    progress.advance(task)
+        except interrupt.Interrupted as exc:
+            exc.kept = f"{self.store.path} ({len(self.store.done)} records)"  # the CLI's resume line names it
+            raise
+        finally:
+            self.store.close()
         return list(self.store.done.values())
 
 

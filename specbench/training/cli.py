@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import os
 import random
 from pathlib import Path
 from typing import Optional
@@ -27,6 +29,72 @@ CACHE_FEATURES = typer.Option(True, help="Cache target taps to disk (fp16) after
 MAX_PROMPT_TOKENS = typer.Option(512, help="Skip prompts longer than this (rendered).")
 
 
+# Every numeric training option and what it must be; checked before the target loads.
+_AT_LEAST_ONE = ("epochs", "batch_size", "max_length", "max_new_tokens", "limit", "heads", "steps", "block_size",
+                 "window", "anchors", "rank_hidden", "max_prompt_tokens")
+_NON_NEGATIVE = ("rank_start", "cross_block_start", "mask_token_id", "draft_vocab")
+_FRACTIONS = ("held_out", "cross_fraction")  # in [0, 1)
+
+
+def _check_options(options: dict) -> None:
+    """One line for a bad training option, before anything is loaded or written."""
+    from specbench.target import resolve_dtype
+
+    for name, value in options.items():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool) or value is None:
+            continue
+        if isinstance(value, int) and value > 2**31 - 1:
+            raise SpecbenchError(f"{flag} {value} is too large")
+        if name in _AT_LEAST_ONE + ("layers",) and isinstance(value, int) and value < 1:
+            raise SpecbenchError(f"{flag} must be >= 1 (got {value})")
+        if name in _NON_NEGATIVE and value < 0:
+            raise SpecbenchError(f"{flag} must be >= 0 (got {value})")
+        if isinstance(value, float):
+            if not math.isfinite(value):
+                raise SpecbenchError(f"{flag} must be a finite number (got {value})")
+            if name in _FRACTIONS and not 0 <= value < 1:
+                raise SpecbenchError(f"{flag} must be in [0, 1) (got {value})")
+            if name in ("lr", "decay") and value <= 0:
+                raise SpecbenchError(f"{flag} must be > 0 (got {value})")
+            if name == "temperature" and value < 0:
+                raise SpecbenchError(f"{flag} must be >= 0 (got {value}); 0 is greedy")
+    for name in ("layers", "target_layer_ids"):
+        if isinstance(options.get(name), str):
+            try:
+                ids = [int(x) for x in options[name].split(",") if x.strip()]
+            except ValueError:
+                raise SpecbenchError(f"--{name.replace('_', '-')} expects comma-separated layer numbers "
+                                     f"(got {options[name]!r}), e.g. 0,1") from None
+            if any(i < 0 for i in ids) or (name == "layers" and not ids):
+                raise SpecbenchError(f"--{name.replace('_', '-')} expects layer numbers >= 0 (got {options[name]!r})")
+    if "dtype" in options:
+        resolve_dtype(options["dtype"])
+    if options.get("normalise") not in (None, "slot", "block"):
+        raise SpecbenchError(f"--normalise must be 'slot' or 'block' (got {options['normalise']!r})")
+    if options.get("variant") not in (None, *SPECBLOCK_VARIANTS):
+        raise SpecbenchError(f"unknown SpecBlock variant {options['variant']!r}; choose from {', '.join(SPECBLOCK_VARIANTS)}")
+    if options.get("data_dir"):
+        from specbench.benchmarks import check_data_dir_option
+
+        check_data_dir_option(options["data_dir"])
+    if "prompts" in options:  # read now: a damaged prompt file fails before the target loads
+        from specbench.benchmarks import load_benchmark
+
+        load_benchmark(str(_prompt_file(options["prompts"], options.get("data_dir"))), limit=options.get("limit"))
+    out = options.get("out")
+    if out is not None:
+        _check_writable_folder(Path(out))
+
+
+def _check_writable_folder(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise SpecbenchError(f"--out {out} is a file; pass a folder to write the drafter to")
+    existing = next((p for p in [out, *out.parents] if p.exists()), Path("."))
+    if not os.access(existing, os.W_OK):
+        raise SpecbenchError(f"--out {out}: {existing} is not writable; pass a writable folder")
+
+
 def _prompt_file(prompts: Optional[str], data_dir: Optional[str]) -> Path:
     from specbench.benchmarks import data_dir as resolve_dir
     from specbench.training.data import DEFAULT_PROMPTS
@@ -41,6 +109,8 @@ def _prompt_file(prompts: Optional[str], data_dir: Optional[str]) -> Path:
         path = Path(folder) / DEFAULT_PROMPTS
     if not path.is_file():
         raise SpecbenchError(f"prompt file {path} does not exist; pass --prompts FILE.jsonl")
+    if not os.access(path, os.R_OK):
+        raise SpecbenchError(f"prompt file {path} is not readable; check its permissions")
     return path
 
 
@@ -81,6 +151,7 @@ def data(
     max_prompt_tokens: int = MAX_PROMPT_TOKENS,
 ) -> None:
     """Answer the prompts with the target (resumable); prints where the data is cached."""
+    _check_options(locals())
     from specbench.target import Target
 
     t = Target.load(target, dtype)
@@ -139,6 +210,7 @@ def sps_student(
     max_prompt_tokens: int = MAX_PROMPT_TOKENS,
 ) -> None:
     """Distil a small SpS draft model from the target (KL on target-regenerated responses)."""
+    _check_options(locals())
     from methods.sps_student import build_student, distillation_loss, save_student
 
     t, data_file, examples = _training_data(target, prompts, data_dir, limit, max_new_tokens, max_prompt_tokens)
@@ -169,6 +241,7 @@ def eagle3(
     max_prompt_tokens: int = MAX_PROMPT_TOKENS,
 ) -> None:
     """Train an EAGLE-3 drafter (training-time test over ``steps`` unrolled steps, 0.8^s decay)."""
+    _check_options(locals())
     from methods.eagle3 import Eagle3Model
     from specbench.training.features import token_counts
     from specbench.training.vocab import build_vocab_mapping
@@ -203,6 +276,7 @@ def medusa(
     max_prompt_tokens: int = MAX_PROMPT_TOKENS,
 ) -> None:
     """Train Medusa-1 heads on the frozen target (sum_k 0.8^k CE of head k vs token k+2 ahead)."""
+    _check_options(locals())
     from methods.medusa import MedusaHeads, save_medusa
 
     t, data_file, examples = _training_data(target, prompts, data_dir, limit, max_new_tokens, max_prompt_tokens)
@@ -240,6 +314,7 @@ def dflash(
 ) -> None:
     """Train a DFlash block drafter (random anchors, block-local attention, exp(-(k-1)/gamma) CE); used by
     `dflash` and `ddtree`."""
+    _check_options(locals())
     from methods.dflash import DFlashModel, choose_mask_token, decay_gamma
     from specbench.training.features import token_counts
     from specbench.training.vocab import build_vocab_mapping
@@ -284,6 +359,7 @@ def pacer(
     max_prompt_tokens: int = MAX_PROMPT_TOKENS,
 ) -> None:
     """Train PACER's pre-verification layer on replayed speculative decoding (binary CE)."""
+    _check_options(locals())
     from methods.pacer import train_preverifier
 
     if window < 1:
@@ -335,6 +411,7 @@ def specblock(
     dtype: str = typer.Option("bfloat16", help="bfloat16 (autocast) or float32."),
 ) -> None:
     """Train a SpecBlock drafter: valid-prefix masked block losses, cross-block unrolling, rank head."""
+    _check_options(locals())
     from methods.eagle3 import eagle3_taps
     from methods.specblock_checkpoint import save_specblock
     from methods.specblock_model import SpecBlockConfig, SpecBlockModel

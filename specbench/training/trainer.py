@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -14,6 +15,8 @@ from typing import Callable, Iterable, Iterator
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from specbench import interrupt
+from specbench.errors import SpecbenchError
 from specbench.training.batch import TrainBatch
 
 LossFn = Callable[[TrainBatch], tuple[torch.Tensor, dict[str, float]]]
@@ -86,16 +89,25 @@ class Trainer:
 
     def _checkpoint(self) -> None:
         tmp = self.state_path.with_suffix(".tmp")
+        # RNG states too, so the steps after a resume draw what an uninterrupted run would have drawn.
         torch.save({"step": self.step, "module": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
-                    "recipe": asdict(self.recipe)}, tmp)
+                    "recipe": asdict(self.recipe), "rng": {"torch": torch.get_rng_state(), "python": random.getstate()}},
+                   tmp)
         tmp.replace(self.state_path)
 
-    def _resume(self) -> None:
-        if self.state_path.exists():
+    def _resume(self) -> dict | None:
+        """Load the last checkpoint; returns its RNG states (restored just before the next step)."""
+        if not self.state_path.exists():
+            return None
+        try:
             state = torch.load(self.state_path, map_location="cpu", weights_only=False)
             self.module.load_state_dict(state["module"])
             self.optimizer.load_state_dict(state["optimizer"])
-            self.step = state["step"]
+        except Exception as exc:  # truncated pickle, another model's state dict, ...
+            raise SpecbenchError(f"{self.state_path} cannot be resumed from ({type(exc).__name__}); delete it to "
+                                 "start over or pass a new --out") from None
+        self.step = state["step"]
+        return state.get("rng")
 
     def _log(self, entry: dict) -> None:
         with open(self.log_path, "a") as fh:
@@ -106,7 +118,7 @@ class Trainer:
         r = self.recipe
         total = r.max_steps or steps_per_epoch * r.epochs
         warmup = int(total * r.warmup_ratio)
-        self._resume()
+        rng = self._resume()
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: cosine_with_warmup(s, total, warmup), last_epoch=self.step - 1)
         autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=r.dtype == "bfloat16")
@@ -122,6 +134,10 @@ class Trainer:
                         continue  # resumed mid-epoch: skip what was already trained on
                     if self.step >= total:
                         break
+                    if rng is not None:
+                        torch.set_rng_state(rng["torch"])
+                        random.setstate(rng["python"])
+                        rng = None
                     self.module.train()
                     with autocast:
                         loss, metrics = self.loss_fn(batch)
@@ -141,6 +157,10 @@ class Trainer:
                         self._log({"step": self.step, "eval": evaluate(self.loss_fn, eval_batches())})
                     if self.step % r.save_every == 0:
                         self._checkpoint()
+                    if interrupt.requested():  # Ctrl-C / SIGTERM: keep this step, stop; rerunning resumes here
+                        if self.step % r.save_every:
+                            self._checkpoint()
+                        interrupt.check()
                 epoch += 1
         self._checkpoint()
         self.module.eval()
