@@ -189,7 +189,12 @@ def _check_value(method: str, key: str, value: Any) -> None:
                                  f"{MAX_OPTION_INT}")
     if key in PATH_OPTIONS and isinstance(value, str) and value:
         looks_local = value.startswith((".", "/", "~")) or value.count("/") > 1
-        if looks_local and not Path(value).expanduser().exists():
+        try:
+            exists = Path(value).expanduser().exists()
+        except OSError as exc:  # e.g. a folder on the way that this user may not enter
+            raise SpecbenchError(f"option {key}={value!r} for {method!r}: cannot reach it ({exc.strerror}); "
+                                 "check its permissions") from None
+        if looks_local and not exists:
             raise SpecbenchError(f"option {key}={value!r} for {method!r}: {value} does not exist; pass an existing "
                                  "folder or file, or a hub id")
 

@@ -102,7 +102,11 @@ class RunStore:
         self.path = Path(path)
         self.meta = meta
         self.done: dict[RecordKey, GenerationRecord] = {}
-        if self.path.exists() and self.path.stat().st_size > 0:
+        try:
+            existing = self.path.is_file() and self.path.stat().st_size > 0
+        except OSError as exc:  # a folder on the way that this user may not enter
+            raise SpecbenchError(f"cannot write results to {self.path} ({exc.strerror}); pass a writable --out") from None
+        if existing:
             if resume:
                 self._load_existing()
             elif not overwrite:
