@@ -131,9 +131,11 @@ def test_read_only_results_folder_for_a_real_user(models, tmp_path):
 
 
 def _train_args(models, tmp_path, out: Path) -> list[str]:
-    return ["train", "dflash", "--target", models["deep"], "--prompts", prompt_file(tmp_path), "--limit", "6",
+    # SpecBlock draws its cross-block cuts from torch's RNG: resuming must restore it
+    return ["train", "specblock", "--target", models["deep"], "--prompts", prompt_file(tmp_path), "--limit", "6",
             "--max-new-tokens", "12", "--epochs", "2", "--batch-size", "2", "--max-length", "64", "--layers", "1",
-            "--block-size", "4", "--anchors", "4", "--draft-vocab", "64", "--no-cache-features", "--out", str(out)]
+            "--draft-vocab", "64", "--rank-hidden", "8", "--rank-start", "0", "--cross-fraction", "0.5",
+            "--dtype", "float32", "--no-cache-features", "--out", str(out)]
 
 
 def _losses(out: Path) -> list[tuple[int, float]]:
@@ -161,7 +163,7 @@ def test_train_interrupted_then_rerun_continues_with_the_same_losses(models, tmp
     code, _, err = cli(_train_args(models, tmp_path, cut), capsys)
     assert code == 143, err
     last = err.strip().splitlines()[-1]
-    assert last.startswith("interrupted (SIGTERM); checkpoint saved; resume with: specbench train dflash"), err
+    assert last.startswith("interrupted (SIGTERM); checkpoint saved; resume with: specbench train specblock"), err
     assert (cut / "trainer_state.pt").is_file() and not (cut / "drafter").exists()
     assert [s for s, _ in _losses(cut)] == [1, 2]
 

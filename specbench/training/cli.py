@@ -135,6 +135,7 @@ def _training_data(target: str, prompts: Optional[str], data_dir: Optional[str],
 
     t = Target.load(target, "float32")
     data_file, examples = _load_data(t, prompts, data_dir, limit, max_new_tokens, 8, 0.0, max_prompt_tokens)
+    torch.manual_seed(0)  # the same initial drafter on every run of a command, so a rerun continues the same run
     return t, data_file, examples
 
 

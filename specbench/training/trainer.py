@@ -91,9 +91,23 @@ class Trainer:
         tmp = self.state_path.with_suffix(".tmp")
         # RNG states too, so the steps after a resume draw what an uninterrupted run would have drawn.
         torch.save({"step": self.step, "module": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
-                    "recipe": asdict(self.recipe), "rng": {"torch": torch.get_rng_state(), "python": random.getstate()}},
+                    "recipe": asdict(self.recipe), "rng": self._rng_state()},
                    tmp)
         tmp.replace(self.state_path)
+
+    def _rng_state(self) -> dict:
+        state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+        own = getattr(self.loss_fn, "generator", None)  # a loss with its own generator (SpecBlock's cuts)
+        if isinstance(own, torch.Generator):
+            state["loss"] = own.get_state()
+        return state
+
+    def _set_rng_state(self, state: dict) -> None:
+        torch.set_rng_state(state["torch"])
+        random.setstate(state["python"])
+        own = getattr(self.loss_fn, "generator", None)
+        if "loss" in state and isinstance(own, torch.Generator):
+            own.set_state(state["loss"])
 
     def _resume(self) -> dict | None:
         """Load the last checkpoint; returns its RNG states (restored just before the next step)."""
@@ -135,8 +149,7 @@ class Trainer:
                     if self.step >= total:
                         break
                     if rng is not None:
-                        torch.set_rng_state(rng["torch"])
-                        random.setstate(rng["python"])
+                        self._set_rng_state(rng)
                         rng = None
                     self.module.train()
                     with autocast:
