@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -187,9 +189,12 @@ def _interrupted_line(exc: interrupt.Interrupted) -> str:
     return f"interrupted ({what}); resume with: {interrupt.resume_command()}"
 
 
+_LINE_BREAKS = re.compile("[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")  # what str.splitlines splits on
+
+
 def _one_line(message: str) -> str:
     """Line breaks inside a user's value would split the one-line error: show them escaped."""
-    return escape(message.replace("\r", "\\r").replace("\n", "\\n"))  # and no rich markup from values
+    return escape(_LINE_BREAKS.sub(lambda m: ascii(m.group())[1:-1], message))  # and no rich markup from values
 
 
 def _usage_error(exc: Exception) -> None:
@@ -209,14 +214,22 @@ def _usage_error(exc: Exception) -> None:
 
 def main() -> None:
     warnings.filterwarnings("ignore", message=".*GGUF.*")
+    # Runs and trainings stop at their next step boundary on Ctrl-C / SIGTERM; other commands stop at once.
+    graceful = sys.argv[1:2] == ["run"] or (sys.argv[1:2] == ["train"] and sys.argv[2:3] != ["data"])
     try:
-        with interrupt.graceful():
+        with interrupt.graceful() if graceful else contextlib.nullcontext():
             code = app(standalone_mode=False)
         sys.exit(code if isinstance(code, int) else 0)
     except typer.TyperException as exc:  # click's usage errors: one line, not a usage box
         _usage_error(exc)
     except SpecbenchError as exc:
         err.print(f"[red]error:[/] {_one_line(str(exc))}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except OSError as exc:  # a path the system refuses (name too long, ...) that no check above caught
+        if exc.filename is None:
+            raise
+        err.print(f"[red]error:[/] {_one_line(f'{exc.filename}: {exc.strerror}')}; pass another path",
+                  highlight=False, soft_wrap=True)
         sys.exit(2)
     except interrupt.Interrupted as exc:
         err.print(_one_line(_interrupted_line(exc)), highlight=False, soft_wrap=True)

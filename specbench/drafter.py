@@ -179,15 +179,22 @@ MAX_OPTION_INT = 2**31 - 1
 
 
 def _check_value(method: str, key: str, value: Any) -> None:
-    """Numbers must be finite, non-negative and fit an int32 (every count, size, rate and weight is);
-    a path-like model option must exist."""
+    """Numbers must be finite, non-negative and fit an int32 (every count, size, rate and weight is)."""
     for item in value if isinstance(value, (list, tuple)) else [value]:
         if isinstance(item, bool) or not isinstance(item, (int, float)):
             continue
         if not math.isfinite(item) or item < 0 or item > MAX_OPTION_INT:
             raise SpecbenchError(f"option {key}={value!r} for {method!r}: expected a finite number between 0 and "
                                  f"{MAX_OPTION_INT}")
-    if key in PATH_OPTIONS and isinstance(value, str) and value:
+
+
+def check_model_paths(method: str, options: Any) -> None:
+    """A path-like model option must exist: checked by the runner before the target loads (the
+    drafter's own setup says the same later, with its method-specific hint)."""
+    for key in PATH_OPTIONS:
+        value = getattr(options, key, None)
+        if not isinstance(value, str) or not value:
+            continue
         looks_local = value.startswith((".", "/", "~")) or value.count("/") > 1
         try:
             exists = Path(value).expanduser().exists()
@@ -196,7 +203,7 @@ def _check_value(method: str, key: str, value: Any) -> None:
                                  "check its permissions") from None
         if looks_local and not exists:
             raise SpecbenchError(f"option {key}={value!r} for {method!r}: {value} does not exist; pass an existing "
-                                 "folder or file, or a hub id")
+                                 "folder or file (`specbench train` makes drafters), or a hub id")
 
 
 def create_drafter(name: str, options: dict[str, Any] | None = None) -> Drafter:

@@ -22,7 +22,7 @@ from rich.table import Table
 from specbench import interrupt, metrics
 from specbench.devices import resolve_device
 from specbench.benchmarks import Prompt, check_data_dir_option
-from specbench.drafter import Drafter, method_class, parse_options
+from specbench.drafter import Drafter, check_model_paths, method_class, parse_options
 from specbench.engine import GenerationConfig, generate, generate_turns
 from specbench.errors import SpecbenchError
 from specbench.prompts import render_chat
@@ -182,6 +182,8 @@ class Runner:
         specs = run_sides(cfg)
         parsed = [(spec, method_class(spec.method)) for spec in specs]
         parsed = [(spec, cls, parse_options(cls, spec.options)) for spec, cls in parsed]
+        for spec, cls, opts in parsed:
+            check_model_paths(spec.method, opts)
         prompts = load_stream_prompts(cfg.bench, cfg.data_dir, limit=cfg.limit, sample=cfg.sample, seed=cfg.seed,
                                       category=cfg.category)
         self.queries: list[Query] = build_queries(prompts, cfg.passes)

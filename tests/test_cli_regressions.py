@@ -55,6 +55,15 @@ def test_line_break_in_a_value(capsys):  # the error line was split in two
     one_line_error(RUN + ["--data-dir", "a\nb"], capsys, "a\\nb is not a folder")
 
 
+def test_unicode_line_separator_in_a_value(capsys):  # NEL (\x85) split the line for str.splitlines
+    one_line_error(RUN + ["--data-dir", "a\x85b"], capsys, "a\\x85b is not a folder")
+
+
+def test_path_name_too_long(tmp_path, capsys):  # was OSError (ENAMETOOLONG) from pathlib
+    one_line_error(["train", "specblock", "--out", "a" * 300], capsys, "File name too long")
+    one_line_error(RUN + ["--out", "b" * 300], capsys, "File name too long")
+
+
 def test_report_on_a_binary_file(tmp_path, capsys):  # was UnicodeDecodeError
     (tmp_path / "x.jsonl").write_bytes(b"\xff\xfe\x00garbage\n")
     one_line_error(["report", str(tmp_path / "x.jsonl"), "--out-dir", str(tmp_path / "rep")], capsys,

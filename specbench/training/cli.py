@@ -88,9 +88,12 @@ def _check_options(options: dict) -> None:
 
 
 def _check_writable_folder(out: Path) -> None:
-    if out.exists() and not out.is_dir():
-        raise SpecbenchError(f"--out {out} is a file; pass a folder to write the drafter to")
-    existing = next((p for p in [out, *out.parents] if p.exists()), Path("."))
+    try:
+        if out.exists() and not out.is_dir():
+            raise SpecbenchError(f"--out {out} is a file; pass a folder to write the drafter to")
+        existing = next((p for p in [out, *out.parents] if p.exists()), Path("."))
+    except OSError as exc:
+        raise SpecbenchError(f"--out {out}: {exc.strerror}; pass another folder") from None
     if not os.access(existing, os.W_OK):
         raise SpecbenchError(f"--out {out}: {existing} is not writable; pass a writable folder")
 
