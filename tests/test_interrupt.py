@@ -33,7 +33,7 @@ def _keys(path: Path) -> list[tuple]:
 def test_signal_stops_after_the_step_and_resume_finishes(models, tmp_path, signum, code):
     out = tmp_path / "r.jsonl"
     args = base_args(models, out)
-    args[args.index("--limit") + 1] = "6"
+    args[args.index("--limit") + 1] = "10"
     args[args.index("--max-new-tokens") + 1] = "48"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "specbench.cli", *args]
@@ -47,7 +47,7 @@ def test_signal_stops_after_the_step_and_resume_finishes(models, tmp_path, signu
     last = err.strip().splitlines()[-1]
     assert "Traceback" not in err and last.startswith("interrupted") and str(out) in last, err
     kept = _keys(out)
-    assert 1 <= len(kept) < 12 and len(kept) == len(set(kept)), "stopped mid-way, every line a whole record"
+    assert 1 <= len(kept) < 20 and len(kept) == len(set(kept)), "stopped mid-way, every line a whole record"
     resume = shlex.split(last.split("resume with: ", 1)[1])
     assert resume[0] == "specbench" and resume[-1] == "--resume" and resume[1:-1] == args
     done = subprocess.run([sys.executable, "-m", "specbench.cli", *resume[1:]], cwd=REPO, env=env,
@@ -55,7 +55,7 @@ def test_signal_stops_after_the_step_and_resume_finishes(models, tmp_path, signu
     assert done.returncode == 0, done.stderr
     keys = _keys(out)
     assert keys[: len(kept)] == kept
-    assert len(keys) == len(set(keys)) == 12  # 6 prompts x (sps, vanilla), each exactly once
+    assert len(keys) == len(set(keys)) == 20  # 10 prompts x (sps, vanilla), each exactly once
 
 
 def test_full_disk_keeps_the_file_whole_and_says_so(models, tmp_path, capsys, monkeypatch):
@@ -172,3 +172,27 @@ def test_train_interrupted_then_rerun_continues_with_the_same_losses(models, tmp
     assert code == 0, err
     assert [s for s, _ in _losses(cut)] == list(range(1, 7))
     assert _losses(cut) == _losses(whole)  # identical losses after the resume (seeded, RNG restored)
+
+
+def test_engine_finishes_the_token_step_in_flight_then_stops():
+    from methods.vanilla import VanillaDrafter
+    from specbench import interrupt
+    from specbench.engine import GenerationConfig, generate
+    from tiny import tiny_target
+
+    target = tiny_target(0)
+    steps = []
+
+    class SignalledMidStep(VanillaDrafter):
+        def observe(self, state, result):
+            steps.append(len(state.tokens))
+            if len(steps) == 3:
+                os.kill(os.getpid(), signal.SIGTERM)  # arrives during step 3; the step still commits
+
+    drafter = SignalledMidStep()
+    drafter.setup(target)
+    with interrupt.graceful():
+        with pytest.raises(interrupt.Interrupted) as stopped:
+            generate(target, drafter, [1, 2, 3], GenerationConfig(max_new_tokens=20))
+    assert stopped.value.exit_code == 143 and len(steps) == 3
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # handlers restored afterwards
