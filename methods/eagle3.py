@@ -32,7 +32,7 @@ from specbench.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
 from specbench.target import Target, TargetOutput
 from specbench.training.batch import TrainBatch
-from specbench.training.checkpoint import (CONFIG, found_layout, load_drafter, load_state_exactly,
+from specbench.training.checkpoint import (CONFIG, architecture, config_value, found_layout, load_drafter, load_state_exactly,
                                           read_drafter_config, read_weights, save_drafter, target_fingerprint)
 from specbench.tree import DraftTree, SiblingKind
 
@@ -428,8 +428,8 @@ class Eagle3Model(nn.Module):
         if raw["method"] != "eagle3":
             raise SpecbenchError(f"{folder} holds a {raw['method']!r} drafter, not eagle3")
         config, state = load_drafter(folder, target)
-        arch = Eagle3Config(**config["architecture"])
-        taps = check_taps(config["taps"], target, folder)
+        arch = architecture(config, Eagle3Config, folder)
+        taps = check_taps(config_value(config, "taps", folder), target, folder)
         return _fill(_build(cls, arch, taps, target, folder), state, folder)
 
 

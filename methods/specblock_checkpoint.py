@@ -13,8 +13,8 @@ import torch
 from methods.eagle3 import check_layer_shapes, check_taps, eagle3_taps, official_layer_shapes
 from methods.specblock_model import SpecBlockConfig, SpecBlockModel
 from specbench.errors import SpecbenchError
-from specbench.training.checkpoint import (CONFIG, load_drafter, load_state_exactly, read_drafter_config,
-                                          read_weights, save_drafter, target_fingerprint)
+from specbench.training.checkpoint import (CONFIG, architecture, config_value, load_drafter, load_state_exactly,
+                                          read_drafter_config, read_weights, save_drafter, target_fingerprint)
 
 OFFICIAL_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 VOCAB_MAPPING = "vocab_mapping.pt"
@@ -38,8 +38,8 @@ def load_specblock(folder: str | Path, target) -> SpecBlockModel:
     if raw["method"] != "specblock":
         raise SpecbenchError(f"{folder} holds a {raw['method']!r} drafter, not specblock")
     config, state = load_drafter(folder, target)
-    arch = SpecBlockConfig(**config["architecture"])
-    taps = check_taps(config["taps"], target, folder)
+    arch = architecture(config, SpecBlockConfig, folder)
+    taps = check_taps(config_value(config, "taps", folder), target, folder)
     return load_state_exactly(_build(arch, taps, target, folder), state, folder)
 
 

@@ -102,6 +102,12 @@ def data_dir(explicit: str | Path | None = None) -> Path | None:
 _data_dir = data_dir  # parameters below are named data_dir too
 
 
+def check_data_dir_option(explicit: str | None) -> None:
+    """An explicit --data-dir must be a folder (a typo would otherwise fall through to other sources)."""
+    if explicit and not Path(explicit).expanduser().is_dir():
+        raise SpecbenchError(f"--data-dir {explicit} is not a folder; pass the folder holding the benchmark JSONL files")
+
+
 def _check_data_dir(card: BenchmarkCard, root: Path | None) -> tuple[list[Path] | None, str]:
     """(the card's files, if all are there; a description of the place for messages)."""
     if root is None:
@@ -197,7 +203,11 @@ def resolve_source(name: str, data_dir: str | Path | None = None, *,
 def _prompt_from_record(bench: str, rec: dict, where: str) -> Prompt:
     turns = rec.get("turns")
     if "id" not in rec or not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
-        raise SpecbenchError(f"{where}: expected {{\"id\", \"turns\": [str, ...], ...}} (see SOURCES.md)")
+        raise SpecbenchError(f"{where}: expected {{\"id\", \"turns\": [str, ...], ...}} with at least one turn; "
+                             "fix or remove the record (see SOURCES.md)")
+    empty = next((k for k, t in enumerate(turns) if not t.strip()), None)
+    if empty is not None:
+        raise SpecbenchError(f"{where}: turn {empty + 1} is an empty prompt; give it text or remove the record")
     return Prompt(bench=bench, id=str(rec["id"]), turns=list(turns),
                   reference=[str(r) for r in rec.get("reference") or []], meta=dict(rec.get("meta") or {}))
 
@@ -211,6 +221,10 @@ def _read_jsonl(path: Path, bench: str) -> list[Prompt]:
                 prompts.append(_prompt_from_record(bench, rec, f"{path}: record {len(prompts) + 1}"))
     except jsonlines.InvalidLineError as e:
         raise SpecbenchError(f"{path}: line {e.lineno} is not a valid JSON object; fix or remove it") from None
+    except UnicodeDecodeError:
+        raise SpecbenchError(f"{path} is not UTF-8 text; pass a JSONL prompt file") from None
+    except OSError as exc:
+        raise SpecbenchError(f"cannot read prompt file {path} ({exc.strerror}); check its permissions") from None
     return prompts
 
 
@@ -330,7 +344,10 @@ def _load_card(card: BenchmarkCard, root: Path | None, hub_path: str | Path | No
 def _load_custom(path: Path) -> list[Prompt]:
     if not path.is_file():
         raise SpecbenchError(f"prompt file {path} does not exist; pass a .jsonl file or a bench name")
-    return _read_jsonl(path, path.stem)
+    prompts = _read_jsonl(path, path.stem)
+    if not prompts:
+        raise SpecbenchError(f"prompt file {path} has no prompts; add lines like {{\"id\": \"1\", \"turns\": [\"...\"]}}")
+    return prompts
 
 
 # Categories that name a group of others: Spec-Bench's MT-Bench rows carry their MT-Bench sub-category,

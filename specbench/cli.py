@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -10,8 +13,10 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from specbench import interrupt
 from specbench.errors import SpecbenchError
 from specbench.training.cli import train_app
 
@@ -25,22 +30,45 @@ console = Console(width=None if sys.stdout.isatty() else 140)
 err = Console(stderr=True)
 
 
+def _read_config(config: Path) -> dict:
+    """A YAML/JSON mapping of method options; a missing, unreadable or malformed file is one line."""
+    import yaml
+
+    if not config.is_file():
+        raise SpecbenchError(f"config file {config} does not exist; pass a YAML or JSON file of method options")
+    try:
+        text = config.read_text(encoding="utf-8")
+        loaded = yaml.safe_load(text) if config.suffix in (".yaml", ".yml") else json.loads(text)
+    except OSError as exc:
+        raise SpecbenchError(f"cannot read config file {config} ({exc.strerror}); check its permissions") from None
+    except UnicodeDecodeError:
+        raise SpecbenchError(f"config file {config} is not UTF-8 text; pass a YAML or JSON file") from None
+    except json.JSONDecodeError as exc:
+        raise SpecbenchError(f"config file {config} is not valid JSON ({exc.msg} at line {exc.lineno}); "
+                             "fix it or pass a .yaml file") from None
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        at = f" at line {where.line + 1}" if where is not None else ""
+        raise SpecbenchError(f"config file {config} is not valid YAML ({getattr(exc, 'problem', None) or 'syntax error'}"
+                             f"{at}); fix it") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict) or not all(isinstance(k, str) for k in loaded):
+        raise SpecbenchError(f"config file {config} must hold a mapping of option names to values "
+                             f"(got {type(loaded).__name__}), e.g. gamma: 5")
+    return loaded
+
+
 def _parse_opts(opts: list[str], config: Optional[Path]) -> dict:
     options: dict = {}
     if config is not None:
-        if not config.is_file():
-            raise SpecbenchError(f"config file {config} does not exist")
-        text = config.read_text()
-        if config.suffix in (".yaml", ".yml"):
-            import yaml
-
-            options.update(yaml.safe_load(text) or {})
-        else:
-            options.update(json.loads(text))
+        options.update(_read_config(config))
     for opt in opts:
         if "=" not in opt:
             raise SpecbenchError(f"--opt expects key=value, got {opt!r}")
         key, value = opt.split("=", 1)
+        if not key.strip():
+            raise SpecbenchError(f"--opt expects key=value, got {opt!r} (empty key)")
         options[key.strip().replace("-", "_")] = value.strip()
     return options
 
@@ -286,14 +314,62 @@ def report(
     console.print(f"report: {len(written)} files in {out_dir}/ (open {out_dir}/index.html)")
 
 
+def _interrupted_line(exc: interrupt.Interrupted) -> str:
+    """One line: what was kept and the exact command that continues."""
+    signal_name = exc.args[0]
+    if len(sys.argv) > 1 and sys.argv[1] == "train":
+        return f"interrupted ({signal_name}); checkpoint saved; resume with: {interrupt.resume_command(flag='')}"
+    kept = getattr(exc, "kept", None)
+    what = f"{signal_name}; finished records kept in {kept}" if kept else signal_name
+    return f"interrupted ({what}); resume with: {interrupt.resume_command()}"
+
+
+_LINE_BREAKS = re.compile("[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")  # what str.splitlines splits on
+
+
+def _one_line(message: str) -> str:
+    """Line breaks inside a user's value would split the one-line error: show them escaped."""
+    return escape(_LINE_BREAKS.sub(lambda m: ascii(m.group())[1:-1], message))  # and no rich markup from values
+
+
+def _usage_error(exc: Exception) -> None:
+    ctx = getattr(exc, "ctx", None)
+    if type(exc).__name__ == "NoArgsIsHelpError" and ctx is not None:  # bare `specbench [group]`: its help
+        console.print(ctx.get_help(), highlight=False, markup=False)
+        sys.exit(0)
+    names = []
+    while ctx is not None and ctx.parent is not None:  # the root's name may be `python -m specbench.cli`
+        names.insert(0, ctx.info_name)
+        ctx = ctx.parent
+    where = " ".join(["specbench", *names])
+    message = " ".join(exc.format_message().split()) if hasattr(exc, "format_message") else str(exc)
+    err.print(f"[red]error:[/] {_one_line(message)} (see `{where} --help`)", highlight=False, soft_wrap=True)
+    sys.exit(2)
+
+
 def main() -> None:
     warnings.filterwarnings("ignore", message=".*GGUF.*")
+    # Runs and trainings stop at their next step boundary on Ctrl-C / SIGTERM; other commands stop at once.
+    graceful = sys.argv[1:2] == ["run"] or (sys.argv[1:2] == ["train"] and sys.argv[2:3] != ["data"])
     try:
-        app()
+        with interrupt.graceful() if graceful else contextlib.nullcontext():
+            code = app(standalone_mode=False)
+        sys.exit(code if isinstance(code, int) else 0)
+    except typer.TyperException as exc:  # click's usage errors: one line, not a usage box
+        _usage_error(exc)
     except SpecbenchError as exc:
-        err.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        err.print(f"[red]error:[/] {_one_line(str(exc))}", highlight=False, soft_wrap=True)
         sys.exit(2)
-    except KeyboardInterrupt:
+    except OSError as exc:  # a path the system refuses (name too long, ...) that no check above caught
+        if exc.filename is None:
+            raise
+        err.print(f"[red]error:[/] {_one_line(f'{exc.filename}: {exc.strerror}')}; pass another path",
+                  highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except interrupt.Interrupted as exc:
+        err.print(_one_line(_interrupted_line(exc)), highlight=False, soft_wrap=True)
+        sys.exit(exc.exit_code)
+    except (KeyboardInterrupt, typer.Abort):
         err.print("interrupted; rerun with --resume to continue")
         sys.exit(130)
     finally:

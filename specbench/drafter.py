@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -222,11 +223,50 @@ def parse_options(cls: type[Drafter], raw: dict[str, Any]) -> Any:
         if key not in valid:
             known = ", ".join(valid) or "none"
             raise SpecbenchError(f"method {cls.name!r} has no option {key!r}; its options are: {known}")
+        if isinstance(value, dict):
+            raise SpecbenchError(f"option {key} for {cls.name!r} must be a single value or a list, not a mapping")
+        if isinstance(value, (list, tuple)):  # a YAML/JSON list: the same as key=a,b,c
+            value = ",".join(str(v) for v in value)
         try:
-            values[key] = _cast(value, valid[key].type) if isinstance(value, str) else value
+            values[key] = _cast(value if isinstance(value, str) else str(value), valid[key].type)
         except ValueError as exc:
             raise SpecbenchError(f"option {key}={value!r} for {cls.name!r}: {exc}") from None
+    for key, value in values.items():
+        _check_value(cls.name, key, value)
     return cls.Options(**values)
+
+
+# Options that name a model or drafter: a local-looking path must exist (checked before any load).
+PATH_OPTIONS = ("path", "draft", "pacer", "head")
+MAX_OPTION_INT = 2**31 - 1
+
+
+def _check_value(method: str, key: str, value: Any) -> None:
+    """Numbers must be finite, non-negative and fit an int32 (every count, size, rate and weight is)."""
+    for item in value if isinstance(value, (list, tuple)) else [value]:
+        if isinstance(item, bool) or not isinstance(item, (int, float)):
+            continue
+        if not math.isfinite(item) or item < 0 or item > MAX_OPTION_INT:
+            raise SpecbenchError(f"option {key}={value!r} for {method!r}: expected a finite number between 0 and "
+                                 f"{MAX_OPTION_INT}")
+
+
+def check_model_paths(method: str, options: Any) -> None:
+    """A path-like model option must exist: checked by the runner before the target loads (the
+    drafter's own setup says the same later, with its method-specific hint)."""
+    for key in PATH_OPTIONS:
+        value = getattr(options, key, None)
+        if not isinstance(value, str) or not value:
+            continue
+        looks_local = value.startswith((".", "/", "~")) or value.count("/") > 1
+        try:
+            exists = Path(value).expanduser().exists()
+        except OSError as exc:  # e.g. a folder on the way that this user may not enter
+            raise SpecbenchError(f"option {key}={value!r} for {method!r}: cannot reach it ({exc.strerror}); "
+                                 "check its permissions") from None
+        if looks_local and not exists:
+            raise SpecbenchError(f"option {key}={value!r} for {method!r}: {value} does not exist; pass an existing "
+                                 "folder or file (`specbench train` makes drafters), or a hub id")
 
 
 def create_drafter(name: str, options: dict[str, Any] | None = None) -> Drafter:

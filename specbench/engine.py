@@ -11,6 +11,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
+from specbench import interrupt
 from specbench.drafter import DecodeState, Drafter, VerifyResult
 from specbench.prompts import render_chat
 from specbench.records import GenerationRecord
@@ -44,6 +45,7 @@ def generate(target: Target, drafter: Drafter, prompt_ids: Sequence[int], config
     target's device (a ``NullTimer`` measures the untimed engine)."""
     if config.max_new_tokens < 1:
         raise ValueError("max_new_tokens must be >= 1")
+    interrupt.check()
     timer = PhaseTimer(target.device) if timer is None else timer
     target.timer = timer
     params = config.sampling
@@ -69,6 +71,7 @@ def generate(target: Target, drafter: Drafter, prompt_ids: Sequence[int], config
 
     hit_eos = bonus in eos
     while not hit_eos and len(new_tokens) < config.max_new_tokens:
+        interrupt.check()  # Ctrl-C / SIGTERM: stop after the token step in flight; this turn is not recorded
         with timer.phase("draft"):
             tree = drafter.propose(state)
         with timer.phase("verify"):

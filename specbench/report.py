@@ -124,7 +124,13 @@ def read_result_file(path: str | Path) -> ResultFile:
     path = Path(path)
     meta: dict = {}
     records: list[GenerationRecord] = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecbenchError(f"cannot read results file {path} ({exc.strerror}); check it or leave it out") from None
+    except UnicodeDecodeError:
+        raise SpecbenchError(f"{path} is not a specbench results file (not UTF-8 text); leave it out") from None
+    for line in text.splitlines():
         try:
             obj = json.loads(line)
         except json.JSONDecodeError:

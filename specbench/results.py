@@ -4,6 +4,7 @@ torn last line is ignored on read and cut off before appending."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -79,17 +80,27 @@ def weight_shas(meta: dict) -> dict[str, str | None]:
 
 
 def _read_lines(path: Path) -> tuple[list[dict], int]:
-    """Parsed JSON objects and the byte length of the intact part (a torn tail is dropped)."""
+    """Parsed JSON objects and the byte length of the intact part. Only the last line may be
+    damaged (the process died mid-write: it is dropped); a damaged line before it is refused."""
     objects, good = [], 0
-    with open(path, "rb") as fh:
-        for raw in fh:
-            if not raw.endswith(b"\n"):
-                break  # torn last line: the process died mid-write
-            try:
-                objects.append(json.loads(raw))
-            except json.JSONDecodeError:
-                break
-            good += len(raw)
+    try:
+        with open(path, "rb") as fh:
+            lines = fh.readlines()
+    except OSError as exc:
+        raise SpecbenchError(f"cannot read {path} ({exc.strerror}); check its permissions or pass a new --out") from None
+    for number, raw in enumerate(lines, 1):
+        last = number == len(lines)
+        try:
+            obj = json.loads(raw) if raw.endswith(b"\n") else None
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            obj = None
+        if not isinstance(obj, dict):
+            if last:
+                break  # torn last line: cut off before appending
+            raise SpecbenchError(f"{path} is damaged at line {number} of {len(lines)} (not a JSON record); "
+                                 "move it aside and rerun, or pass --overwrite to start it again")
+        objects.append(obj)
+        good += len(raw)
     return objects, good
 
 
@@ -101,7 +112,11 @@ class RunStore:
         self.meta = meta
         self.done: dict[RecordKey, GenerationRecord] = {}
         self.skipped: set[RecordKey] = set()  # turns recorded as skipped (part files of a sharded run)
-        if self.path.exists() and self.path.stat().st_size > 0:
+        try:
+            existing = self.path.is_file() and self.path.stat().st_size > 0
+        except OSError as exc:  # a folder on the way that this user may not enter
+            raise SpecbenchError(f"cannot write results to {self.path} ({exc.strerror}); pass a writable --out") from None
+        if existing:
             if resume:
                 self._load_existing()
             elif not overwrite:
@@ -116,9 +131,10 @@ class RunStore:
     @staticmethod
     def _read_checked(path: Path, expected_hash: str | None) -> tuple[list[dict], int]:
         objects, good = _read_lines(path)
-        header = next((o for o in objects if o.get("type") == "header"), None)
-        if header is None:
-            raise SpecbenchError(f"{path} has no header line; it is not a specbench results file")
+        header = objects[0] if objects and objects[0].get("type") == "header" else None
+        if header is None or not isinstance(header.get("meta"), dict):
+            raise SpecbenchError(f"{path} has no header line; it is not a specbench results file "
+                                 "(pass a new --out, or --overwrite to replace it)")
         theirs = header["meta"].get("config_hash")
         if theirs != expected_hash:
             raise SpecbenchError(f"{path} was written by a different configuration (config {theirs}, now "
@@ -134,10 +150,14 @@ class RunStore:
 
     def _load_existing(self) -> None:
         objects, good = self._read_checked(self.path, self.meta.get("config_hash"))
-        self.existing = next(o for o in objects if o.get("type") == "header")["meta"]
-        for o in objects:
+        self.existing = objects[0]["meta"]
+        for number, o in enumerate(objects, 1):
             if o.get("type") == "record":
-                r = GenerationRecord.from_dict(o)
+                try:
+                    r = GenerationRecord.from_dict(o)
+                except (TypeError, KeyError, ValueError):
+                    raise SpecbenchError(f"{self.path} is damaged at line {number} (not a record of this specbench); "
+                                         "move it aside and rerun, or pass --overwrite") from None
                 self.done[(r.method, r.bench, r.prompt_id, r.turn)] = r
             elif o.get("type") == "skip":
                 self.skipped.add((o["method"], o["bench"], o["prompt_id"], o["turn"]))
@@ -149,8 +169,13 @@ class RunStore:
         # by ``start`` once the environment (hardware, versions) is known.
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            if self.path.is_dir():
+                raise IsADirectoryError(errno.EISDIR, "a folder")
+            if not os.access(self.path.parent, os.W_OK):
+                raise PermissionError(errno.EACCES, "the folder is read-only")
             self.fresh = not self.path.exists() or self.path.stat().st_size == 0
             self.fh = open(self.path, "a", encoding="utf-8")
+            self.good = self.fh.tell()  # bytes of whole lines so far
         except OSError as exc:
             raise SpecbenchError(f"cannot write results to {self.path} ({exc.strerror}); pass a writable --out") from None
 
@@ -167,9 +192,35 @@ class RunStore:
             self.fresh = False
 
     def _write(self, obj: dict) -> None:
-        self.fh.write(json.dumps(obj, ensure_ascii=False, default=str) + "\n")
-        self.fh.flush()
-        os.fsync(self.fh.fileno())
+        line = json.dumps(obj, ensure_ascii=False, default=str) + "\n"
+        try:
+            self.fh.write(line)
+            self.fh.flush()
+            os.fsync(self.fh.fileno())
+        except OSError as exc:
+            self._cut_back()
+            full = " (disk full)" if exc.errno == errno.ENOSPC else ""
+            raise SpecbenchError(f"could not append to {self.path}{full}: {exc.strerror}; the file is valid up to its "
+                                 f"last whole record ({len(self.done)} records); free space and rerun with --resume") from None
+        self.good += len(line.encode("utf-8"))
+
+    def _cut_back(self) -> None:
+        """After a failed write: drop the partial line so the file ends with a whole record."""
+        try:
+            self.fh.close()
+        except OSError:
+            pass  # the buffered tail could not be flushed either; it is cut below
+        self.fh = open(os.devnull, "w")  # later closes are harmless
+        try:
+            os.truncate(self.path, self.good)
+        except OSError:
+            pass
+
+    def abandon(self) -> None:
+        """The run failed before its header: remove the empty file this store created."""
+        self.close()
+        if self.fresh and self.path.exists() and self.path.stat().st_size == 0:
+            self.path.unlink()
 
     def append(self, record: GenerationRecord) -> None:
         self._write({"type": "record", **record.to_dict()})

@@ -13,6 +13,7 @@ merges the parts into ``--out`` (see ``specbench/merge.py``)."""
 
 from __future__ import annotations
 
+import math
 import warnings
 import zlib
 from dataclasses import asdict, dataclass, field, replace
@@ -22,10 +23,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from specbench import distributed, hub, machine_load, metrics
-from specbench.benchmarks import Prompt
+from specbench import distributed, hub, interrupt, machine_load, metrics
+from specbench.benchmarks import Prompt, check_data_dir_option
 from specbench.devices import choose_dtype, resolve_device
-from specbench.drafter import Drafter, method_class, parse_options
+from specbench.drafter import Drafter, check_model_paths, method_class, parse_options
 from specbench.engine import GenerationConfig, generate, generate_turns
 from specbench.errors import SpecbenchError
 from specbench.merge import find_parts, merge_runs, part_path, read_run, write_run
@@ -33,7 +34,7 @@ from specbench.prompts import ChatFormat, render_chat
 from specbench.records import GenerationRecord
 from specbench.results import RunStore, config_hash, environment_metadata
 from specbench.streams import Query, build_queries, load_stream_prompts, stream_name
-from specbench.target import _EMBEDDED as EMBEDDED, DEFAULT_TARGET, Target, check_attention
+from specbench.target import _EMBEDDED as EMBEDDED, DEFAULT_TARGET, Target, check_attention, resolve_dtype
 from specbench.verify import SamplingParams
 
 BASELINE = "vanilla"
@@ -154,7 +155,13 @@ def run_sides(cfg: RunConfig) -> list[Side]:
     return sides
 
 
+MAX_PASSES = 1000  # a stream is materialised in memory; more passes than this is a typo
+
+
 def validate(cfg: RunConfig) -> None:
+    for name, value in (("--temperature", cfg.temperature), ("--top-p", cfg.top_p)):
+        if not math.isfinite(value):
+            raise SpecbenchError(f"{name} must be a finite number (got {value})")
     if cfg.limit is not None and cfg.limit < 1:
         raise SpecbenchError(f"--limit must be >= 1 (got {cfg.limit}); omit it to run every prompt")
     if cfg.temperature < 0:
@@ -163,8 +170,8 @@ def validate(cfg: RunConfig) -> None:
         raise SpecbenchError(f"--max-new-tokens must be >= 1 (got {cfg.max_new_tokens})")
     if cfg.baseline not in (BASELINE, "none"):
         raise SpecbenchError(f"--baseline must be 'vanilla' or 'none' (got {cfg.baseline!r})")
-    if cfg.passes < 1:
-        raise SpecbenchError(f"--passes must be >= 1 (got {cfg.passes})")
+    if not 1 <= cfg.passes <= MAX_PASSES:
+        raise SpecbenchError(f"--passes must be between 1 and {MAX_PASSES} (got {cfg.passes})")
     if cfg.device_map is not None and cfg.device_map not in DEVICE_MAPS:
         raise SpecbenchError(f"--device-map must be one of {', '.join(DEVICE_MAPS)} (got {cfg.device_map!r})")
     if cfg.repeats < 1:
@@ -175,6 +182,10 @@ def validate(cfg: RunConfig) -> None:
         SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
     except ValueError as exc:
         raise SpecbenchError(str(exc)) from None
+    if cfg.dtype != "auto":
+        resolve_dtype(cfg.dtype)
+    resolve_device(cfg.device)
+    check_data_dir_option(cfg.data_dir)
     ChatFormat(cfg.chat_template, cfg.chat_template_kwargs)
     if cfg.target not in EMBEDDED and not cfg.target.endswith(".gguf"):  # a folder or a well-formed hub id
         hub.check_reference(cfg.target, cfg.target_revision, "target")
@@ -223,6 +234,8 @@ class Runner:
         if cfg.repeats > 1 and learners:
             raise SpecbenchError(f"--repeats {cfg.repeats} would feed every query {cfg.repeats} times to "
                                  f"{', '.join(learners)}, which learn while serving; time them with --repeats 1")
+        for spec, _, opts in parsed:
+            check_model_paths(spec.method, opts)
         prompts = load_stream_prompts(cfg.bench, cfg.data_dir, limit=cfg.limit, sample=cfg.sample, seed=cfg.seed,
                                       category=cfg.category)
         self.world = distributed.init(cfg.device)
@@ -381,18 +394,23 @@ class Runner:
             self._warmup()
         columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
-        # Under torchrun only rank 0 draws its bar (its share of the queries).
-        with Progress(*columns, console=self.console, transient=False, disable=not self.world.main) as progress:
-            names = ", ".join(label for label, _ in self.sides if label != BASELINE)
-            share = f" (rank 0 of {self.world.size})" if self.world.active else ""
-            task = progress.add_task(f"{names} on {self.bench}{share}", total=len(self.queries))
-            for query in self.queries:
-                # Alternate which side goes first so slow drift does not favour any.
-                order = self.sides if query.index % 2 == 0 else self.sides[::-1]
-                for label, drafter in order:
-                    self._run_side(label, drafter, query)
-                progress.advance(task)
-        self.store.close()
+        try:
+            # Under torchrun only rank 0 draws its bar (its share of the queries).
+            with Progress(*columns, console=self.console, transient=False, disable=not self.world.main) as progress:
+                names = ", ".join(label for label, _ in self.sides if label != BASELINE)
+                share = f" (rank 0 of {self.world.size})" if self.world.active else ""
+                task = progress.add_task(f"{names} on {self.bench}{share}", total=len(self.queries))
+                for query in self.queries:
+                    # Alternate which side goes first so slow drift does not favour any.
+                    order = self.sides if query.index % 2 == 0 else self.sides[::-1]
+                    for label, drafter in order:
+                        self._run_side(label, drafter, query)
+                    progress.advance(task)
+        except interrupt.Interrupted as exc:
+            exc.kept = f"{self.store.path} ({len(self.store.done)} records)"  # the CLI's resume line names it
+            raise
+        finally:
+            self.store.close()
         if self.world.active:
             distributed.barrier()  # every part is complete
             return self._merge_parts() if self.world.main else []

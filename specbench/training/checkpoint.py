@@ -68,6 +68,24 @@ def read_drafter_config(folder: str | Path) -> dict:
         raise SpecbenchError(f"{path} is corrupt ({exc.msg} at line {exc.lineno}); retrain or re-download it") from None
 
 
+def config_value(config: dict, key: str, folder: str | Path):
+    """``config[key]``, or one line naming the damaged config.json."""
+    if not isinstance(config, dict) or key not in config:
+        raise SpecbenchError(f"{Path(folder) / CONFIG} lacks {key!r}; the drafter folder is damaged or incomplete: "
+                             "retrain or re-download it")
+    return config[key]
+
+
+def architecture(config: dict, cls, folder: str | Path):
+    """``cls(**config["architecture"])``; missing or unknown fields are one line naming config.json."""
+    fields = config_value(config, "architecture", folder)
+    try:
+        return cls(**fields)
+    except TypeError as exc:
+        raise SpecbenchError(f"{Path(folder) / CONFIG} has an architecture this version cannot build ({exc}); "
+                             "retrain or re-download the drafter") from None
+
+
 def load_drafter(folder: str | Path, target=None) -> tuple[dict, dict[str, torch.Tensor]]:
     """(config, state_dict); with ``target`` given, refuse a drafter trained for another one."""
     config = read_drafter_config(folder)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import os
 import random
 from pathlib import Path
 from typing import Optional
@@ -28,6 +30,75 @@ MAX_PROMPT_TOKENS = typer.Option(512, help="Skip prompts longer than this (rende
 DEVICE = typer.Option("auto", help="auto (cuda if available, else cpu), cpu, cuda or cuda:N.")
 
 
+# Every numeric training option and what it must be; checked before the target loads.
+_AT_LEAST_ONE = ("epochs", "batch_size", "max_length", "max_new_tokens", "limit", "heads", "steps", "block_size",
+                 "window", "anchors", "rank_hidden", "max_prompt_tokens")
+_NON_NEGATIVE = ("rank_start", "cross_block_start", "mask_token_id", "draft_vocab")
+_FRACTIONS = ("held_out", "cross_fraction")  # in [0, 1)
+
+
+def _check_options(options: dict) -> None:
+    """One line for a bad training option, before anything is loaded or written."""
+    from specbench.target import resolve_dtype
+
+    for name, value in options.items():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool) or value is None:
+            continue
+        if isinstance(value, int) and value > 2**31 - 1:
+            raise SpecbenchError(f"{flag} {value} is too large")
+        if name in _AT_LEAST_ONE + ("layers",) and isinstance(value, int) and value < 1:
+            raise SpecbenchError(f"{flag} must be >= 1 (got {value})")
+        if name in _NON_NEGATIVE and value < 0:
+            raise SpecbenchError(f"{flag} must be >= 0 (got {value})")
+        if isinstance(value, float):
+            if not math.isfinite(value):
+                raise SpecbenchError(f"{flag} must be a finite number (got {value})")
+            if name in _FRACTIONS and not 0 <= value < 1:
+                raise SpecbenchError(f"{flag} must be in [0, 1) (got {value})")
+            if name in ("lr", "decay") and value <= 0:
+                raise SpecbenchError(f"{flag} must be > 0 (got {value})")
+            if name == "temperature" and value < 0:
+                raise SpecbenchError(f"{flag} must be >= 0 (got {value}); 0 is greedy")
+    for name in ("layers", "target_layer_ids"):
+        if isinstance(options.get(name), str):
+            try:
+                ids = [int(x) for x in options[name].split(",") if x.strip()]
+            except ValueError:
+                raise SpecbenchError(f"--{name.replace('_', '-')} expects comma-separated layer numbers "
+                                     f"(got {options[name]!r}), e.g. 0,1") from None
+            if any(i < 0 for i in ids) or (name == "layers" and not ids):
+                raise SpecbenchError(f"--{name.replace('_', '-')} expects layer numbers >= 0 (got {options[name]!r})")
+    if "dtype" in options:
+        resolve_dtype(options["dtype"])
+    if options.get("normalise") not in (None, "slot", "block"):
+        raise SpecbenchError(f"--normalise must be 'slot' or 'block' (got {options['normalise']!r})")
+    if options.get("variant") not in (None, *SPECBLOCK_VARIANTS):
+        raise SpecbenchError(f"unknown SpecBlock variant {options['variant']!r}; choose from {', '.join(SPECBLOCK_VARIANTS)}")
+    if options.get("data_dir"):
+        from specbench.benchmarks import check_data_dir_option
+
+        check_data_dir_option(options["data_dir"])
+    if "prompts" in options:  # read now: a damaged prompt file fails before the target loads
+        from specbench.benchmarks import load_benchmark
+
+        load_benchmark(str(_prompt_file(options["prompts"], options.get("data_dir"))), limit=options.get("limit"))
+    out = options.get("out")
+    if out is not None:
+        _check_writable_folder(Path(out))
+
+
+def _check_writable_folder(out: Path) -> None:
+    try:
+        if out.exists() and not out.is_dir():
+            raise SpecbenchError(f"--out {out} is a file; pass a folder to write the drafter to")
+        existing = next((p for p in [out, *out.parents] if p.exists()), Path("."))
+    except OSError as exc:
+        raise SpecbenchError(f"--out {out}: {exc.strerror}; pass another folder") from None
+    if not os.access(existing, os.W_OK):
+        raise SpecbenchError(f"--out {out}: {existing} is not writable; pass a writable folder")
+
+
 def _prompt_file(prompts: Optional[str], data_dir: Optional[str]) -> Path:
     from specbench.benchmarks import data_dir as resolve_dir
     from specbench.training.data import DEFAULT_PROMPTS
@@ -42,6 +113,8 @@ def _prompt_file(prompts: Optional[str], data_dir: Optional[str]) -> Path:
         path = Path(folder) / DEFAULT_PROMPTS
     if not path.is_file():
         raise SpecbenchError(f"prompt file {path} does not exist; pass --prompts FILE.jsonl")
+    if not os.access(path, os.R_OK):
+        raise SpecbenchError(f"prompt file {path} is not readable; check its permissions")
     return path
 
 
@@ -85,6 +158,7 @@ def _training_data(target: str, prompts: Optional[str], data_dir: Optional[str],
     """The target in fp32 (training precision) and its greedy answers, regenerated if missing."""
     t = _load_target(target, "float32", device)
     data_file, examples = _load_data(t, prompts, data_dir, limit, max_new_tokens, 8, 0.0, max_prompt_tokens)
+    torch.manual_seed(0)  # the same initial drafter on every run of a command, so a rerun continues the same run
     return t, data_file, examples
 
 
@@ -105,6 +179,7 @@ def data(
 ) -> None:
     """Answer the prompts with the target (resumable; under torchrun each rank answers its share);
     prints where the data is cached."""
+    _check_options(locals())
     from specbench import distributed
     from specbench.training.checkpoint import vocab_fingerprint
     from specbench.training.data import _prompt_digest, export_responses
@@ -187,6 +262,7 @@ def sps_student(
     device: str = DEVICE,
 ) -> None:
     """Distil a small SpS draft model from the target (KL on target-regenerated responses)."""
+    _check_options(locals())
     from methods.sps_student import build_student, distillation_loss, save_student
 
     t, data_file, examples = _training_data(target, prompts, data_dir, limit, max_new_tokens, max_prompt_tokens, device)
@@ -218,6 +294,7 @@ def eagle3(
     device: str = DEVICE,
 ) -> None:
     """Train an EAGLE-3 drafter (training-time test over ``steps`` unrolled steps, 0.8^s decay)."""
+    _check_options(locals())
     from methods.eagle3 import Eagle3Model
     from specbench.training.features import token_counts
     from specbench.training.vocab import build_vocab_mapping
@@ -253,6 +330,7 @@ def medusa(
     device: str = DEVICE,
 ) -> None:
     """Train Medusa-1 heads on the frozen target (sum_k 0.8^k CE of head k vs token k+2 ahead)."""
+    _check_options(locals())
     from methods.medusa import MedusaHeads, save_medusa
 
     t, data_file, examples = _training_data(target, prompts, data_dir, limit, max_new_tokens, max_prompt_tokens, device)
@@ -291,6 +369,7 @@ def dflash(
 ) -> None:
     """Train a DFlash block drafter (random anchors, block-local attention, exp(-(k-1)/gamma) CE); used by
     `dflash` and `ddtree`."""
+    _check_options(locals())
     from methods.dflash import DFlashModel, choose_mask_token, decay_gamma
     from specbench.training.features import token_counts
     from specbench.training.vocab import build_vocab_mapping
@@ -336,6 +415,7 @@ def pacer(
     device: str = DEVICE,
 ) -> None:
     """Train PACER's pre-verification layer on replayed speculative decoding (binary CE)."""
+    _check_options(locals())
     from methods.pacer import train_preverifier
 
     if window < 1:
@@ -391,6 +471,7 @@ def specblock(
     device: str = DEVICE,
 ) -> None:
     """Train a SpecBlock drafter: valid-prefix masked block losses, cross-block unrolling, rank head."""
+    _check_options(locals())
     from methods.eagle3 import eagle3_taps
     from methods.specblock_checkpoint import save_specblock
     from methods.specblock_model import SpecBlockConfig, SpecBlockModel

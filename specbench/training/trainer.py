@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,7 +22,8 @@ from typing import Callable, Iterable, Iterator
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from specbench import distributed
+from specbench import distributed, interrupt
+from specbench.errors import SpecbenchError
 from specbench.training.batch import TrainBatch
 
 LossFn = Callable[[TrainBatch], tuple[torch.Tensor, dict[str, float]]]
@@ -116,16 +118,39 @@ class Trainer:
         if not self.world.main:
             return
         tmp = self.state_path.with_suffix(".tmp")
+        # RNG states too, so the steps after a resume draw what an uninterrupted run would have drawn.
         torch.save({"step": self.step, "module": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
-                    "recipe": asdict(self.recipe)}, tmp)
+                    "recipe": asdict(self.recipe), "rng": self._rng_state()},
+                   tmp)
         tmp.replace(self.state_path)
 
-    def _resume(self) -> None:
-        if self.state_path.exists():
+    def _rng_state(self) -> dict:
+        state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+        own = getattr(self.loss_fn, "generator", None)  # a loss with its own generator (SpecBlock's cuts)
+        if isinstance(own, torch.Generator):
+            state["loss"] = own.get_state()
+        return state
+
+    def _set_rng_state(self, state: dict) -> None:
+        torch.set_rng_state(state["torch"])
+        random.setstate(state["python"])
+        own = getattr(self.loss_fn, "generator", None)
+        if "loss" in state and isinstance(own, torch.Generator):
+            own.set_state(state["loss"])
+
+    def _resume(self) -> dict | None:
+        """Load the last checkpoint; returns its RNG states (restored just before the next step)."""
+        if not self.state_path.exists():
+            return None
+        try:
             state = torch.load(self.state_path, map_location="cpu", weights_only=False)
             self.module.load_state_dict(state["module"])
             self.optimizer.load_state_dict(state["optimizer"])
-            self.step = state["step"]
+        except Exception as exc:  # truncated pickle, another model's state dict, ...
+            raise SpecbenchError(f"{self.state_path} cannot be resumed from ({type(exc).__name__}); delete it to "
+                                 "start over or pass a new --out") from None
+        self.step = state["step"]
+        return state.get("rng")
 
     def _log(self, entry: dict) -> None:
         if not self.world.main:
@@ -169,7 +194,7 @@ class Trainer:
         r = self.recipe
         total = r.max_steps or steps_per_epoch * r.epochs
         warmup = int(total * r.warmup_ratio)
-        self._resume()
+        rng = self._resume()
         # Ranks start from rank 0's weights (a drafter built with unseeded init differs per rank).
         distributed.broadcast_tensors([p for p in self.module.parameters() if p.requires_grad]
                                       + list(self.module.buffers()))
@@ -188,6 +213,9 @@ class Trainer:
                         continue  # resumed mid-epoch: skip what was already trained on
                     if self.step >= total:
                         break
+                    if rng is not None:
+                        self._set_rng_state(rng)
+                        rng = None
                     self.module.train()
                     self.optimizer.zero_grad(set_to_none=True)
                     with autocast:
@@ -212,6 +240,10 @@ class Trainer:
                         self._log({"step": self.step, "eval": evaluate(self.loss_fn, eval_batches())})
                     if self.step % r.save_every == 0:
                         self._checkpoint()
+                    if interrupt.requested():  # Ctrl-C / SIGTERM: keep this step, stop; rerunning resumes here
+                        if self.step % r.save_every:
+                            self._checkpoint()
+                        interrupt.check()
                 epoch += 1
         self._checkpoint()
         self.module.eval()

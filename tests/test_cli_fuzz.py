@@ -1,0 +1,225 @@
+"""Fuzz the command line: random and adversarial values for every option of every command (read
+from the Typer app, so new options are fuzzed too) and every registered method's ``--opt`` keys.
+Every invocation must end with exit 0, or exit 2 and exactly one line on stderr, or reach the model
+loader (validation passed; the loader is replaced by a sentinel, so no model is ever loaded).
+Seeded (derandomize), so CI runs the same examples every time; failures it found live on as plain
+tests in test_cli_regressions.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import os
+import re
+from collections import Counter
+from pathlib import Path
+
+import typer.main
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from specbench.cli import app
+from specbench.drafter import available_methods, method_class
+from specbench.target import Target
+from test_cli import cli
+
+EXAMPLES = 600
+
+
+class LoadReached(BaseException):
+    """Raised instead of loading a model: every check before the load passed."""
+
+
+def _leaf_commands():
+    def walk(cmd, path):
+        if hasattr(cmd, "commands"):
+            for name, sub in cmd.commands.items():
+                yield from walk(sub, path + (name,))
+        else:
+            yield path, cmd
+
+    return list(walk(typer.main.get_command(app), ()))
+
+
+COMMANDS = _leaf_commands()
+METHODS = sorted(available_methods())
+OPTION_FIELDS = {m: {f.name: str(f.type) for f in dataclasses.fields(method_class(m).Options)} for m in METHODS}
+
+
+def _kind(cmd, param) -> str:
+    """int, float, bool, path, list or str, from the command function's annotation."""
+    if getattr(param, "is_flag", False):
+        return "bool"
+    annotation = str(inspect.signature(cmd.callback).parameters[param.name].annotation)
+    for kind in ("list", "int", "float", "Path"):
+        if kind in annotation:
+            return kind.lower()
+    return "str"
+
+
+def _text(max_size=12):
+    # argv cannot carry NUL or lone surrogates
+    return st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=max_size)
+
+
+def _paths(tmp: Path) -> dict[str, str]:
+    (tmp / "folder").mkdir(exist_ok=True)
+    (tmp / "garbage.jsonl").write_bytes(b"\xff\xfe not json {\n[1,2\n")
+    (tmp / "empty.jsonl").write_text("")
+    (tmp / "bad.yaml").write_text("gamma: [1, 2\n  : :\n")
+    (tmp / "bad.json").write_text('{"gamma": 3,,}')
+    (tmp / "list.yaml").write_text("- 1\n- 2\n")
+    (tmp / "ok.yaml").write_text("gamma: 3\n")
+    locked = tmp / "locked.jsonl"
+    locked.write_text('{"id": "a", "turns": ["hi"]}\n')
+    locked.chmod(0)
+    (tmp / "prompts.jsonl").write_text('{"id": "p0", "turns": ["Tell me a story."]}\n')
+    return {"prompts": str(tmp / "prompts.jsonl"), "missing": str(tmp / "no" / "such" / "file.jsonl"), "folder": str(tmp / "folder"),
+            "garbage": str(tmp / "garbage.jsonl"), "empty": str(tmp / "empty.jsonl"), "bad_yaml": str(tmp / "bad.yaml"),
+            "bad_json": str(tmp / "bad.json"), "list_yaml": str(tmp / "list.yaml"), "ok_yaml": str(tmp / "ok.yaml"),
+            "locked": str(locked), "unreadable": "/proc/self/mem", "proc": "/proc/forbidden/out.jsonl"}
+
+
+ADVERSARIAL = ["", " ", "-1", "0", "-0", "1e309", "-1e309", "nan", "NaN", "inf", "-inf", "9" * 40, "-" + "9" * 40,
+               "0x10", "1_000", "3.5", "[/]", "[bold]x", "a\nb", "💥", "ünïcødé", "--", "-", "a=b", "=", "key=", "=value", "~", "..", "a" * 300]
+DOMAIN = {  # plausible values, so examples also get past the first check
+    "method": METHODS + ["spss", "vanila", ""], "bench": ["humaneval", "mt_bench", "gsm8k", "mixed", "math500+alpaca",
+                                                          "humanevl", "a+"],
+    "device": ["cpu", "cuda", "cuda:1", "tpu", "mps", "meta", "cpu:0"], "dtype": ["float32", "bfloat16", "float16", "int8"],
+    "attn": ["sdpa", "eager", "flash_attention_2"], "baseline": ["vanilla", "none", "sps"],
+    "on_long_prompt": ["skip", "fail", "ignore"], "category": ["de-en", "coding", "nope"],
+    "variant": ["full", "no-shift", "no-broadcast", "no-valid-prefix", "no"], "normalise": ["slot", "block", "x"],
+    "layers": ["0,1", "0,29", "a,b", "99", "-1"], "target_layer_ids": ["1,2", "x", "-3"],
+    "target": ["smollm2-135m", "/nonexistent/model", "x.gguf", "org/name/extra"],
+    "sweep": ["budget=16,32", "gamma=", "=1,2", "budget", "gamma=1,x"],
+}
+
+
+@st.composite
+def values(draw, kind: str, name: str, paths: dict[str, str]):
+    choices = [st.sampled_from(ADVERSARIAL), _text(), st.sampled_from(list(paths.values()))]
+    if name in DOMAIN:
+        choices += [st.sampled_from(DOMAIN[name])] * 3
+    if kind == "int":
+        choices += [st.integers(-2**70, 2**70).map(str), st.integers(-3, 64).map(str)] * 2
+    elif kind == "float":
+        choices += [st.floats(allow_nan=True, allow_infinity=True).map(repr), st.floats(-2, 2).map(repr)] * 2
+    elif kind == "path":
+        choices += [st.sampled_from(list(paths.values()))] * 3
+    return draw(st.one_of(choices))
+
+
+@st.composite
+def method_opt(draw, method: str, paths: dict[str, str]):
+    fields = OPTION_FIELDS.get(method, {})
+    key = draw(st.sampled_from(sorted(fields) + ["gama", "", "top-k"])) if fields else draw(_text(6))
+    kind = fields.get(key, "str")
+    kind = "float" if "float" in kind else "int" if "int" in kind and "list" not in kind else "str"
+    value = draw(values(kind, key, paths))
+    return f"{key}={value}"
+
+
+def _param_args(draw, cmd, param, method, paths, tmp) -> list[str]:
+    """argv for one option (or the positional arguments) with a drawn, often hostile, value."""
+    kind = _kind(cmd, param)
+    if param.param_type_name == "argument":  # report's result files
+        return draw(st.lists(st.one_of(st.sampled_from(list(paths.values())), _text()), max_size=3))
+    flag = param.opts[0]
+    if kind == "bool":
+        return [draw(st.sampled_from([flag, *param.secondary_opts]))] if param.secondary_opts else [flag]
+    if param.name == "method":
+        return [flag, draw(st.sampled_from(DOMAIN["method"]))]
+    if param.name in ("out", "out_dir") and draw(st.booleans()):
+        return [flag, str(tmp / f"out{draw(st.integers(0, 3))}" / "r.jsonl")]
+    if param.name == "opt":
+        args = []
+        for _ in range(draw(st.integers(1, 3))):
+            args += [flag, draw(method_opt(method or draw(st.sampled_from(METHODS)), paths))]
+        return args
+    if param.name == "also":
+        name = draw(st.sampled_from(METHODS + ["nope"]))
+        return [flag, "@".join([name, *draw(st.lists(method_opt(name, paths), max_size=2))])]
+    return [flag, draw(values(kind, param.name, paths))]
+
+
+def _valid_base(path, method, paths, tmp) -> list[str]:
+    """A command line that passes every check, to be spoiled by one or two drawn options."""
+    if path == ("run",):
+        return ["--method", method, "--bench", "humaneval", "--limit", "1", "--out", str(tmp / "base" / "r.jsonl")]
+    if path[0] == "train":
+        return ["--prompts", paths["prompts"]] + (["--out", str(tmp / "train")] if path[1] != "data" else [])
+    return []
+
+
+@st.composite
+def invocation(draw, paths: dict[str, str], tmp: Path):
+    path, cmd = draw(st.sampled_from(COMMANDS))
+    argv = list(path)
+    method = draw(st.sampled_from(METHODS))
+    if cmd.params and draw(st.booleans()):  # one valid command line with one or two options spoiled
+        argv += _valid_base(path, method, paths, tmp)
+        for param in draw(st.lists(st.sampled_from(cmd.params), min_size=1, max_size=2, unique_by=lambda p: p.name)):
+            argv += _param_args(draw, cmd, param, method, paths, tmp)
+        return argv
+    for param in cmd.params:  # anything goes
+        required = param.required and draw(st.integers(0, 19)) > 0  # now and then leave a required one out
+        if not required and draw(st.integers(0, 3)) > 0:
+            continue
+        argv += _param_args(draw, cmd, param, method, paths, tmp)
+    return argv
+
+
+STATS = {"examples": 0, "outcomes": Counter(), "messages": set(), "tracebacks": 0}
+
+
+def _message_shape(line: str) -> str:
+    """An error message with its quoted and numeric parts blanked, to count distinct messages."""
+    line = re.sub(r"'[^']*'|\"[^\"]*\"|`[^`]*`|\S*/\S*", "_", line)
+    return re.sub(r"-?\d[\d.e+-]*", "N", line)
+
+
+def test_cli_fuzz(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+
+    def refuse_load(*args, **kwargs):
+        raise LoadReached()
+
+    monkeypatch.setattr(Target, "load", classmethod(refuse_load))
+    paths = _paths(tmp_path)
+    failures = []
+
+    @settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(invocation(paths, tmp_path))
+    def one(argv):
+        STATS["examples"] += 1
+        try:
+            code, _, err = cli(argv, capsys)
+        except LoadReached:
+            capsys.readouterr()
+            STATS["outcomes"]["validated, reached the model load"] += 1
+            return
+        except Exception as exc:  # noqa: BLE001 - the failure being hunted
+            capsys.readouterr()
+            STATS["tracebacks"] += 1
+            failures.append((argv, f"{type(exc).__name__}: {exc}"[:300]))
+            return
+        lines = err.strip().splitlines()
+        STATS["outcomes"][f"exit {code}"] += 1
+        if code == 2 and len(lines) == 1 and "Traceback" not in err:
+            STATS["messages"].add(_message_shape(lines[0]))
+        elif code != 0 or "Traceback" in err:
+            failures.append((argv, f"exit {code}, stderr: {err[-300:]!r}"))
+
+    one()
+    summary = {"examples": STATS["examples"], "outcomes": dict(STATS["outcomes"]),
+               "distinct_error_messages": len(STATS["messages"]), "tracebacks": STATS["tracebacks"],
+               "failures": len(failures)}
+    with capsys.disabled():
+        print(f"\nCLI fuzz summary: {json.dumps(summary)}")
+    if os.environ.get("SPECBENCH_FUZZ_SUMMARY"):
+        Path(os.environ["SPECBENCH_FUZZ_SUMMARY"]).write_text(json.dumps(summary, indent=2) + "\n")
+    assert STATS["examples"] >= 500
+    assert not failures, "\n".join(f"{argv}: {why}" for argv, why in failures[:20])
