@@ -4,35 +4,20 @@ speed.py arithmetic over the exported files gives the same speedup and mean acce
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from specbench import metrics
-from specbench.cli import main
 from specbench.export import answer_rows
 from specbench.records import GenerationRecord
+from test_cli import cli
 
 # hemingkx/Spec-Bench evaluation/eval.py: the answer row and its choice.
 ROW_KEYS = {"question_id", "category", "answer_id", "model_id", "choices", "tstamp"}
 CHOICE_KEYS = {"index", "turns", "decoding_steps", "new_tokens", "wall_time", "accept_lengths"}
 MT_BENCH = ["writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"]
-
-
-def cli(args: list[str], capsys) -> tuple[int, str, str]:
-    argv = sys.argv
-    sys.argv = ["specbench", *args]
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    finally:
-        sys.argv = argv
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def rec(method, pid, n_new, seconds, accept=(), turn=0):

@@ -118,7 +118,7 @@ def test_read_only_results_folder_for_a_real_user(models, tmp_path):
     folder.mkdir()
     folder.chmod(0o555)
     args = base_args(models, folder / "r.jsonl")
-    args[args.index(models["target"])] = "/nonexistent/model"  # a load would fail with another message
+    args[args.index(models["target"])] = "smollm2-135m"  # exists for every user; refused before it loads
     args[args.index(f"draft={models['draft']}")] = "draft=truncated:1"  # nothing this user cannot read
     env = {**os.environ, "PYTHONPATH": str(REPO), "HOME": str(tmp_path)}
     done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m",

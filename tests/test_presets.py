@@ -4,32 +4,17 @@ bad input fails in one line, and the papers' metrics are computed as the papers 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 from specbench import metrics
-from specbench.cli import main
 from specbench.preset import build_plan, frame, load_preset, preset_names, select_prompts
 from specbench.benchmarks import Prompt
 from specbench.records import GenerationRecord
 from specbench.report import ResultFile, paper_metric_cells, paper_metric_table, render_markdown
 from specbench.runner import parse_also, run_sides
-
-
-def cli(args: list[str], capsys) -> tuple[int, str, str]:
-    argv = sys.argv
-    sys.argv = ["specbench", *args]
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    finally:
-        sys.argv = argv
-    out = capsys.readouterr()
-    return code, out.out, out.err
+from test_cli import cli
 
 
 # ------------------------------------------------------------------------------------------ dry runs
