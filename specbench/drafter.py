@@ -236,8 +236,6 @@ def parse_options(cls: type[Drafter], raw: dict[str, Any]) -> Any:
     return cls.Options(**values)
 
 
-# Options that name a model or drafter: a local-looking path must exist (checked before any load).
-PATH_OPTIONS = ("path", "draft", "pacer", "head")
 MAX_OPTION_INT = 2**31 - 1
 
 
@@ -249,24 +247,6 @@ def _check_value(method: str, key: str, value: Any) -> None:
         if not math.isfinite(item) or item < 0 or item > MAX_OPTION_INT:
             raise SpecbenchError(f"option {key}={value!r} for {method!r}: expected a finite number between 0 and "
                                  f"{MAX_OPTION_INT}")
-
-
-def check_model_paths(method: str, options: Any) -> None:
-    """A path-like model option must exist: checked by the runner before the target loads (the
-    drafter's own setup says the same later, with its method-specific hint)."""
-    for key in PATH_OPTIONS:
-        value = getattr(options, key, None)
-        if not isinstance(value, str) or not value:
-            continue
-        looks_local = value.startswith((".", "/", "~")) or value.count("/") > 1
-        try:
-            exists = Path(value).expanduser().exists()
-        except OSError as exc:  # e.g. a folder on the way that this user may not enter
-            raise SpecbenchError(f"option {key}={value!r} for {method!r}: cannot reach it ({exc.strerror}); "
-                                 "check its permissions") from None
-        if looks_local and not exists:
-            raise SpecbenchError(f"option {key}={value!r} for {method!r}: {value} does not exist; pass an existing "
-                                 "folder or file (`specbench train` makes drafters), or a hub id")
 
 
 def create_drafter(name: str, options: dict[str, Any] | None = None) -> Drafter:

@@ -60,7 +60,7 @@ def hub_cache() -> str | None:
 def split_reference(spec: str, revision: str | None = None) -> tuple[str, str | None]:
     """``org/name@rev`` -> (``org/name``, ``rev``); an explicit ``revision`` must agree with ``@rev``."""
     name, at, rev = spec.partition("@")
-    if not at or Path(spec).expanduser().exists():
+    if not at or is_local(spec):
         return spec, revision or None
     if not rev:
         raise SpecbenchError(f"{spec!r} ends in '@' without a revision; write org/name@REVISION (branch, tag or commit)")
@@ -70,7 +70,11 @@ def split_reference(spec: str, revision: str | None = None) -> tuple[str, str | 
 
 
 def is_local(spec: str) -> bool:
-    return Path(spec).expanduser().exists()
+    """An existing local path; one that cannot be reached (permissions, a name too long) is one line."""
+    try:
+        return Path(spec).expanduser().exists()
+    except OSError as exc:
+        raise SpecbenchError(f"{spec}: cannot reach it ({exc.strerror}); check its permissions") from None
 
 
 def looks_like_hub_id(name: str) -> bool:

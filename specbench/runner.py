@@ -26,7 +26,7 @@ from rich.table import Table
 from specbench import distributed, hub, interrupt, machine_load, metrics
 from specbench.benchmarks import Prompt, check_data_dir_option
 from specbench.devices import choose_dtype, resolve_device
-from specbench.drafter import Drafter, check_model_paths, method_class, parse_options
+from specbench.drafter import Drafter, method_class, parse_options
 from specbench.engine import GenerationConfig, generate, generate_turns
 from specbench.errors import SpecbenchError
 from specbench.merge import find_parts, merge_runs, part_path, read_run, write_run
@@ -184,7 +184,6 @@ def validate(cfg: RunConfig) -> None:
         raise SpecbenchError(str(exc)) from None
     if cfg.dtype != "auto":
         resolve_dtype(cfg.dtype)
-    resolve_device(cfg.device)
     check_data_dir_option(cfg.data_dir)
     ChatFormat(cfg.chat_template, cfg.chat_template_kwargs)
     if cfg.target not in EMBEDDED and not cfg.target.endswith(".gguf"):  # a folder or a well-formed hub id
@@ -234,8 +233,6 @@ class Runner:
         if cfg.repeats > 1 and learners:
             raise SpecbenchError(f"--repeats {cfg.repeats} would feed every query {cfg.repeats} times to "
                                  f"{', '.join(learners)}, which learn while serving; time them with --repeats 1")
-        for spec, _, opts in parsed:
-            check_model_paths(spec.method, opts)
         prompts = load_stream_prompts(cfg.bench, cfg.data_dir, limit=cfg.limit, sample=cfg.sample, seed=cfg.seed,
                                       category=cfg.category)
         self.world = distributed.init(cfg.device)

@@ -101,8 +101,6 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     return int(torch.multinomial(on_generator_device(probs, generator), 1, generator=generator).reshape(-1)[0])
 
 
-_draw = draw
-
 
 def _normalise(p: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
     total = p.sum()
@@ -148,7 +146,7 @@ def recursive_rejection(tree: DraftTree, probs: torch.Tensor, generator: torch.G
             p[token] = 0.0
             p = _normalise(p, probs[node + 1])
         if not moved:
-            return WalkResult(accepted, _draw(p, generator))
+            return WalkResult(accepted, draw(p, generator))
 
 
 def multi_draft_rejection(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None) -> WalkResult:
@@ -179,7 +177,7 @@ def multi_draft_rejection(tree: DraftTree, probs: torch.Tensor, generator: torch
                 q[x] = 0.0
                 q = _normalise(q, q)
         if not moved:
-            return WalkResult(accepted, _draw(p, generator))
+            return WalkResult(accepted, draw(p, generator))
 
 
 def walk(
