@@ -272,31 +272,42 @@ def test_registered_as_a_method():
 
 
 # ---- official EAGLE-3 layout ---------------------------------------------------------------------
+def published_weights(rand, cfg, h: int, fc_in: int, draft_vocab: int) -> dict[str, torch.Tensor]:
+    """The EAGLE-3 layer, norms and head under their published key names (drawn in this order)."""
+    heads, kv_heads, inter = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size
+    d = h // heads
+    return {"fc.weight": rand(h, fc_in), "midlayer.self_attn.q_proj.weight": rand(heads * d, 2 * h),
+            "midlayer.self_attn.k_proj.weight": rand(kv_heads * d, 2 * h),
+            "midlayer.self_attn.v_proj.weight": rand(kv_heads * d, 2 * h),
+            "midlayer.self_attn.o_proj.weight": rand(h, heads * d), "midlayer.mlp.gate_proj.weight": rand(inter, h),
+            "midlayer.mlp.up_proj.weight": rand(inter, h), "midlayer.mlp.down_proj.weight": rand(h, inter),
+            "midlayer.input_layernorm.weight": 1 + rand(h), "midlayer.hidden_norm.weight": 1 + rand(h),
+            "midlayer.post_attention_layernorm.weight": 1 + rand(h), "norm.weight": 1 + rand(h),
+            "lm_head.weight": rand(draft_vocab, h)}
+
+
+def published_config(cfg, h: int, draft_vocab: int) -> dict:
+    """config.json as the EAGLE-3 repository ships it."""
+    return {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": h,
+            "num_attention_heads": cfg.num_attention_heads, "num_key_value_heads": cfg.num_key_value_heads,
+            "intermediate_size": cfg.intermediate_size, "rms_norm_eps": 1e-6, "hidden_act": "silu",
+            "num_hidden_layers": 1, "vocab_size": VOCAB, "draft_vocab_size": draft_vocab,
+            "max_position_embeddings": 512, "torch_dtype": "float32"}
+
+
 def official_checkpoint(folder, target, fmt: str, draft_vocab: int = 48, drop: str = "", extra: str = "",
                         hidden: int | None = None) -> dict[str, torch.Tensor]:
     """Write config.json + weights the way the EAGLE-3 repository ships them (random values)."""
-    cfg = target.config
-    h = hidden or cfg.hidden_size
-    heads, kv_heads, inter = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size
-    d = h // heads
+    h = hidden or target.config.hidden_size
     gen = torch.Generator().manual_seed(0)
     rand = lambda *shape: 0.2 * torch.randn(*shape, generator=gen)  # noqa: E731
     d2t, t2d, _ = build_vocab_mapping(torch.randint(0, 100, (VOCAB,), generator=gen), draft_vocab)
-    state = {"fc.weight": rand(h, 3 * h), "midlayer.self_attn.q_proj.weight": rand(heads * d, 2 * h),
-             "midlayer.self_attn.k_proj.weight": rand(kv_heads * d, 2 * h),
-             "midlayer.self_attn.v_proj.weight": rand(kv_heads * d, 2 * h),
-             "midlayer.self_attn.o_proj.weight": rand(h, heads * d), "midlayer.mlp.gate_proj.weight": rand(inter, h),
-             "midlayer.mlp.up_proj.weight": rand(inter, h), "midlayer.mlp.down_proj.weight": rand(h, inter),
-             "midlayer.input_layernorm.weight": 1 + rand(h), "midlayer.hidden_norm.weight": 1 + rand(h),
-             "midlayer.post_attention_layernorm.weight": 1 + rand(h), "norm.weight": 1 + rand(h),
-             "lm_head.weight": rand(draft_vocab, h), "d2t": d2t, "t2d": t2d, "embed_tokens.weight": rand(VOCAB, h)}
+    state = {**published_weights(rand, target.config, h, 3 * h, draft_vocab), "d2t": d2t, "t2d": t2d,
+             "embed_tokens.weight": rand(VOCAB, h)}
     state.pop(drop, None)
     if extra:
         state[extra] = rand(2)
-    config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": h,
-              "num_attention_heads": heads, "num_key_value_heads": kv_heads, "intermediate_size": inter,
-              "rms_norm_eps": 1e-6, "hidden_act": "silu", "num_hidden_layers": 1, "vocab_size": VOCAB,
-              "draft_vocab_size": draft_vocab, "max_position_embeddings": 512, "torch_dtype": "float32"}
+    config = published_config(target.config, h, draft_vocab)
     (folder / "config.json").write_text(json.dumps(config))
     if fmt == "bin":
         torch.save(state, folder / "pytorch_model.bin")

@@ -24,6 +24,7 @@ from specbench.errors import SpecbenchError
 from specbench.prompts import ChatFormat, parse_template_kwargs, render_chat, vicuna_v1_1
 from specbench.training.vocab import build_vocab_mapping
 from test_cli import base_args, cli, read
+from test_eagle3 import published_config, published_weights
 from test_lossless import baseline, ready
 from tiny import tiny_target
 
@@ -133,28 +134,16 @@ def eagle3_folder(folder: Path, target, *, draft_vocab: int = 48, mapping: bool 
     folder.mkdir(parents=True, exist_ok=True)
     cfg = target.config
     t, h = cfg.hidden_size, hidden or cfg.hidden_size
-    heads, kv_heads, inter = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size
-    d = h // heads
     gen = torch.Generator().manual_seed(1)
     rand = lambda *shape: 0.2 * torch.randn(*shape, generator=gen)  # noqa: E731
     taps = len(aux_ids) if aux_ids else 3
-    state = {"fc.weight": rand(h, taps * t), "midlayer.self_attn.q_proj.weight": rand(heads * d, 2 * h),
-             "midlayer.self_attn.k_proj.weight": rand(kv_heads * d, 2 * h),
-             "midlayer.self_attn.v_proj.weight": rand(kv_heads * d, 2 * h),
-             "midlayer.self_attn.o_proj.weight": rand(h, heads * d), "midlayer.mlp.gate_proj.weight": rand(inter, h),
-             "midlayer.mlp.up_proj.weight": rand(inter, h), "midlayer.mlp.down_proj.weight": rand(h, inter),
-             "midlayer.input_layernorm.weight": 1 + rand(h), "midlayer.hidden_norm.weight": 1 + rand(h),
-             "midlayer.post_attention_layernorm.weight": 1 + rand(h), "norm.weight": 1 + rand(h),
-             "lm_head.weight": rand(draft_vocab, h), "embed_tokens.weight": rand(VOCAB, h)}
+    state = {**published_weights(rand, cfg, h, taps * t, draft_vocab), "embed_tokens.weight": rand(VOCAB, h)}
     if mapping:
         d2t, t2d, _ = build_vocab_mapping(torch.randint(0, 100, (VOCAB,), generator=gen), draft_vocab)
         state.update(d2t=d2t, t2d=t2d)
     if fc_norm_keys:
         state.update({f"fc_norm.{i}.weight": 1 + rand(t) for i in range(taps)})
-    config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": h,
-              "num_attention_heads": heads, "num_key_value_heads": kv_heads, "intermediate_size": inter,
-              "rms_norm_eps": 1e-6, "hidden_act": "silu", "num_hidden_layers": 1, "vocab_size": VOCAB,
-              "draft_vocab_size": draft_vocab, "max_position_embeddings": 512, "torch_dtype": "float32"}
+    config = published_config(target.config, h, draft_vocab)
     if aux_ids:
         config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": aux_ids}
     if hidden:
