@@ -295,6 +295,16 @@ def published_config(cfg, h: int, draft_vocab: int) -> dict:
             "max_position_embeddings": 512, "torch_dtype": "float32"}
 
 
+def write_published(folder, config: dict, state: dict, fmt: str) -> dict[str, torch.Tensor]:
+    """config.json plus the weights as pytorch_model.bin (fmt "bin") or model.safetensors."""
+    (folder / "config.json").write_text(json.dumps(config))
+    if fmt == "bin":
+        torch.save(state, folder / "pytorch_model.bin")
+    else:
+        save_file(state, str(folder / "model.safetensors"))
+    return state
+
+
 def official_checkpoint(folder, target, fmt: str, draft_vocab: int = 48, drop: str = "", extra: str = "",
                         hidden: int | None = None) -> dict[str, torch.Tensor]:
     """Write config.json + weights the way the EAGLE-3 repository ships them (random values)."""
@@ -308,12 +318,7 @@ def official_checkpoint(folder, target, fmt: str, draft_vocab: int = 48, drop: s
     if extra:
         state[extra] = rand(2)
     config = published_config(target.config, h, draft_vocab)
-    (folder / "config.json").write_text(json.dumps(config))
-    if fmt == "bin":
-        torch.save(state, folder / "pytorch_model.bin")
-    else:
-        save_file(state, str(folder / "model.safetensors"))
-    return state
+    return write_published(folder, config, state, fmt)
 
 
 @pytest.mark.parametrize("fmt", ["bin", "safetensors"])

@@ -24,7 +24,7 @@ from specbench.errors import SpecbenchError
 from specbench.prompts import ChatFormat, parse_template_kwargs, render_chat, vicuna_v1_1
 from specbench.training.vocab import build_vocab_mapping
 from test_cli import base_args, cli, read
-from test_eagle3 import published_config, published_weights
+from test_eagle3 import published_config, published_weights, write_published
 from test_lossless import baseline, ready
 from tiny import tiny_target
 
@@ -150,12 +150,7 @@ def eagle3_folder(folder: Path, target, *, draft_vocab: int = 48, mapping: bool 
         config["target_hidden_size"] = t
     if fc_norm:
         config["fc_norm"] = True
-    (folder / "config.json").write_text(json.dumps(config))
-    if fmt == "bin":
-        torch.save(state, folder / "pytorch_model.bin")
-    else:
-        save_file(state, str(folder / "model.safetensors"))
-    return state
+    return write_published(folder, config, state, fmt)
 
 
 def eagle3_by_id(cache, tmp_path, target, repo="yuhuili/EAGLE3-Tiny", **layout) -> tuple[Eagle3Drafter, dict]:
