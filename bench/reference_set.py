@@ -1,0 +1,128 @@
+"""The reference set behind `results/`: every run the report's tables and orderings rest on, made one at a
+time with the final code and the shipped drafters (fp32 on CPU, so every method's text equals vanilla's).
+
+    python bench/reference_set.py --list              # the plan, one command per line
+    python bench/reference_set.py                     # run what is not finished yet (each run resumes)
+    python bench/reference_set.py --only main --bench humaneval
+
+Runs are grouped so that every claim of the papers is decided inside one file, where its sides were
+interleaved prompt by prompt in one process (see `specbench/orderings.py`). Before each run the machine
+must be idle: the script waits (up to --wait minutes) until the 1-minute load average falls below
+--max-load, and refuses to start beside another specbench process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BENCHES = ("mt_bench", "humaneval", "math500", "natural_questions", "wmt23", "alpaca")
+TARGET = "smollm2-135m"
+
+# group -> (main method, extra sides). Every group also runs vanilla, the speedup's baseline.
+GROUPS: dict[str, tuple[str, list[str]]] = {
+    "main": ("specblock", ["eagle3", "sps", "medusa", "dflash", "ddtree", "pacer", "sps-confidence"]),
+    "specblock-ablations": ("specblock", ["specblock-no-broadcast", "specblock-no-shift",
+                                          "specblock-no-valid-prefix", "specblock-uniform-tree"]),
+    "ddtree-budgets": ("dflash", ["ddtree@budget=8", "ddtree@budget=16", "ddtree@budget=32", "ddtree@budget=64"]),
+    "pacer": ("pacer", ["pacer-no-pos", "pacer-no-growth", "sps@gamma=2", "sps@gamma=4", "sps@gamma=6",
+                        "sps@gamma=8", "sps-confidence"]),
+}
+# Methods that learn while serving: the mixed stream (MATH-500 + WMT-23 + Alpaca + NQ), two passes.
+STREAM_GROUPS: dict[str, tuple[str, list[str]]] = {
+    "dvi-stream": ("dvi", ["dvi-kl", "dvi-pg", "dvi-ce"]),
+    "specblock-stream": ("specblock", ["specblock-osd", "specblock-adapt"]),
+}
+SAMPLED_BENCHES = ("mt_bench", "humaneval")  # the T = 1 check of the main methods
+SAMPLED_METHODS = ("specblock", ["eagle3", "sps", "dflash", "ddtree", "medusa"])
+
+
+def plan(limit: int, repeats: int, stream_limit: int, passes: int) -> list[tuple[str, list[str]]]:
+    """(results file, specbench arguments) for every run of the reference set, in the order they run."""
+    runs = []
+    common = ["--target", TARGET, "--dtype", "float32", "--max-new-tokens", "128", "--resume"]
+
+    def sides(method: str, also: list[str]) -> list[str]:
+        return ["--method", method] + [arg for side in also for arg in ("--also", side)]
+
+    for bench in BENCHES:
+        for group, (method, also) in GROUPS.items():
+            out = f"results/{group}_{bench}_{TARGET}_T0.jsonl"
+            runs.append((out, ["run", *sides(method, also), "--bench", bench, "--limit", str(limit),
+                               "--repeats", str(repeats), "--temperature", "0", "--out", out, *common]))
+    for group, (method, also) in STREAM_GROUPS.items():
+        out = f"results/{group}_mixed_x{passes}_{TARGET}_T0.jsonl"
+        runs.append((out, ["run", *sides(method, also), "--bench", "mixed", "--limit", str(stream_limit),
+                           "--passes", str(passes), "--temperature", "0", "--out", out, *common]))
+    for bench in SAMPLED_BENCHES:
+        out = f"results/main_{bench}_{TARGET}_T1.jsonl"
+        runs.append((out, ["run", *sides(*SAMPLED_METHODS), "--bench", bench, "--limit", str(limit),
+                           "--temperature", "1", "--out", out, *common]))
+    return runs
+
+
+def other_specbench_processes() -> list[str]:
+    """Command lines of other running specbench processes (a run or a training job beside ours)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        if "specbench" in cmd and ("run" in cmd.split() or "train" in cmd.split()) and "reference_set" not in cmd:
+            found.append(cmd)
+    return found
+
+
+def wait_until_idle(max_load: float, wait_minutes: float) -> float:
+    deadline = time.time() + 60 * wait_minutes
+    while True:
+        others = other_specbench_processes()
+        load = os.getloadavg()[0]
+        if not others and load < max_load:
+            return load
+        if time.time() > deadline:
+            why = f"other specbench processes: {others[0][:120]}" if others else f"load average {load:.2f}"
+            sys.exit(f"reference_set: the machine is not idle ({why}); stop the other work and rerun")
+        time.sleep(15)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--limit", type=int, default=24, help="prompts per bench (MT-Bench: both turns of each)")
+    parser.add_argument("--repeats", type=int, default=1, help="times each prompt turn is timed (median kept)")
+    parser.add_argument("--stream-limit", type=int, default=8, help="prompts per part of the mixed stream")
+    parser.add_argument("--passes", type=int, default=2, help="passes over the mixed stream")
+    parser.add_argument("--only", action="append", help="run only these groups (e.g. main, pacer, dvi-stream)")
+    parser.add_argument("--bench", action="append", help="run only these benches")
+    parser.add_argument("--max-load", type=float, default=0.6, help="start a run only below this 1-min load")
+    parser.add_argument("--wait", type=float, default=10.0, help="minutes to wait for an idle machine")
+    parser.add_argument("--list", action="store_true", help="print the plan and exit")
+    args = parser.parse_args()
+    specbench = [sys.executable, "-m", "specbench"]
+    for out, argv in plan(args.limit, args.repeats, args.stream_limit, args.passes):
+        name = Path(out).name
+        if args.only and not any(name.startswith(g + "_") for g in args.only):
+            continue
+        if args.bench and not any(f"_{b}_" in name for b in args.bench):
+            continue
+        line = shlex.join(["specbench", *argv])
+        if args.list:
+            print(line)
+            continue
+        load = wait_until_idle(args.max_load, args.wait)
+        print(f"[{time.strftime('%H:%M:%S')}] load {load:.2f}: {line}", flush=True)
+        code = subprocess.call(specbench + argv)
+        if code:
+            sys.exit(f"reference_set: {name} stopped with exit code {code}; rerun to resume it")
+
+
+if __name__ == "__main__":
+    main()
