@@ -5,8 +5,8 @@ A preset names the paper's benches (with its prompt framing and sample selection
 temperatures, methods with their budgets, the published drafter of each method per target, and the
 paper's metric; every setting carries its source. ``build_plan`` turns a preset and a target into one
 ``RunConfig`` per bench x temperature (plus a vanilla run per bench x temperature for each other attention
-implementation the preset's ``baseline_attn`` names), without loading any model; ``format_plan`` prints it (``--dry-run``); ``execute`` writes
-the framed prompt files and runs each config through ``Runner``.
+implementation the preset's ``baseline_attn`` names), without loading any model; ``format_plan`` prints it
+(``--dry-run``); ``execute`` writes the framed prompt files and runs each config through ``Runner``.
 """
 
 from __future__ import annotations
