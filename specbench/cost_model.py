@@ -2,7 +2,7 @@
 forward times the engine measured (decode phase only).
 
 Per verify call the method commits τ tokens and spends ``t_draft`` in drafter forwards (every owner
-but the target: draft model, heads, pre-verifier, DVI's shallow layers) and ``t_verify`` in one target
+but the target: draft model, heads, pre-verifier, the target's own shallow layers) and ``t_verify`` in one target
 forward over the bonus token and the drafted rows. Vanilla commits one token per target forward of
 ``t_step``. So
 

@@ -157,10 +157,10 @@ def register(name: str):
     return wrap
 
 
-def _entry_points() -> dict[str, str]:
-    """Installed entry points; from a source checkout that was never pip-installed (e.g. a GPU
-    machine's system python), the ones declared in its pyproject.toml."""
-    found = {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+def _entry_points(group: str = ENTRY_POINT_GROUP) -> dict[str, str]:
+    """Installed entry points of ``group``; from a source checkout that was never pip-installed (e.g. a
+    GPU machine's system python), the ones declared in its pyproject.toml."""
+    found = {ep.name: ep.value for ep in entry_points(group=group)}
     if found:
         return found
     import tomllib
@@ -169,7 +169,7 @@ def _entry_points() -> dict[str, str]:
     pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
     if pyproject.is_file():
         declared = tomllib.loads(pyproject.read_text()).get("project", {}).get("entry-points", {})
-        found = dict(declared.get(ENTRY_POINT_GROUP, {}))
+        found = dict(declared.get(group, {}))
     return found
 
 

@@ -105,7 +105,7 @@ def resolve(spec: str, revision: str | None = None, what: str = "drafter",
         return Resolved(spec, Path(name).expanduser())
     try:
         path = _snapshot(name, rev, what, allow_patterns, ignore_patterns)
-    except SpecbenchError as exc:  # "runs/eagle3" may have been meant as a folder
+    except SpecbenchError as exc:  # "runs/drafter" may have been meant as a folder
         raise SpecbenchError(f"{exc} (no local folder {name} exists either)") from None
     return Resolved(spec, path, name, rev, path.name if _SHA.match(path.name) else None)
 

@@ -1,24 +1,30 @@
 """Verdicts on the papers' claims: for each claim, holds / reversed / inconclusive from a paired
 bootstrap over prompt turns (``specbench.paired``), per benchmark and over all benchmarks together.
 
-Claims are data (``CLAIMS``): two label patterns, a metric, a direction and a threshold on the ratio
-A / B. Patterns are regular expressions matched against whole side labels; named groups that both
-patterns have must agree (``(?P<at>@budget=\\d+)?`` pairs SpecBlock and EAGLE-3 at the same budget).
+Claims are data, YAML files that method packages ship (entry-point group ``specbench.claims``): two
+label patterns, a metric, a direction and a threshold on the ratio A / B. Patterns are regular
+expressions matched against whole side labels; named groups that both patterns have must agree
+(``(?P<at>@budget=\\d+)?`` pairs two methods at the same budget).
 ``compare`` says what A is held against: ``each`` B label, the ``best`` B label (highest point value on
 the pairs), the ``next`` A label in the order of its ``budget`` group (monotone claims; A = the larger),
 or A's own first ``quarters`` of the stream (its last quarter over its first, unpaired)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
+import yaml
 
 from specbench import metrics, paired
+from specbench.errors import SpecbenchError
+from specbench.plugin_files import declared_paths
 from specbench.records import GenerationRecord
 
 VANILLA = "vanilla"
@@ -39,27 +45,48 @@ class Claim:
     up_to_peak: bool = False  # only A labels whose budget is at most the budget of A's best speedup
 
 
-CLAIMS: tuple[Claim, ...] = (
-    Claim("SpecBlock faster than EAGLE-3", "SpecBlock Table 1",
-          r"specblock(?P<at>@budget=\d+)?", r"eagle3(?P<at>@budget=\d+)?"),
-    Claim("SpecBlock's T_D% at most 0.75× EAGLE-3's (paper: about half)", "SpecBlock Table 1",
-          r"specblock(?P<at>@budget=\d+)?", r"eagle3(?P<at>@budget=\d+)?", metric="td", direction="<",
-          threshold=0.75),
-    Claim("each SpecBlock ablation slower than full SpecBlock", "SpecBlock Table 2",
-          r"specblock(?P<at>@budget=\d+)?", r"specblock-(?:no-[a-z-]+|uniform-tree)(?P<at>@budget=\d+)?"),
-    Claim("DDTree faster than DFlash at every budget up to the peak", "DDTree Table 1, Fig. 3",
-          r"ddtree@budget=(?P<budget>\d+)", r"dflash", up_to_peak=True),
-    Claim("DDTree's τ monotone in the node budget", "DDTree Fig. 3",
-          r"ddtree@budget=(?P<budget>\d+)", metric="tau", direction=">=", compare="next"),
-    Claim("PACER faster than the best fixed γ", "PACER Table 1",
-          r"pacer", r"sps@gamma=\d+", compare="best"),
-    Claim("+adapt at least as fast as +OSD on a shifted stream", "SpecBlock Table 1",
-          r"specblock-adapt", r"specblock-osd", direction=">=", benches=("mixed",)),
-    Claim("+OSD at least as fast as static on a shifted stream", "SpecBlock Tables 1, 5",
-          r"specblock-osd", r"specblock(?:-stream)?", direction=">=", benches=("mixed",)),
-    Claim("DVI's acceptance rises over the stream (last vs first quarter)", "DVI Fig. 2(a)",
-          r"dvi(?:-[a-z]+)?", metric="tau", compare="quarters"),
-)
+CLAIMS_GROUP = "specbench.claims"  # entry points naming YAML files of claims
+COMPARES = ("each", "best", "next", "quarters")
+DIRECTIONS = (">", ">=", "<")
+
+
+def read_claims(path: Path) -> list[Claim]:
+    """The claims of one YAML file: a list of mappings with Claim's fields (text, source and a required)."""
+    try:
+        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as e:
+        raise SpecbenchError(f"claims file {path}: {e}".replace("\n", " ")) from None
+    if not isinstance(raw, list) or not all(isinstance(c, dict) for c in raw):
+        raise SpecbenchError(f"claims file {path} must be a YAML list of mappings")
+    return [_claim(c, f"claims file {path}, claim {i + 1}") for i, c in enumerate(raw)]
+
+
+def _claim(raw: dict, where: str) -> Claim:
+    fields = [f.name for f in dataclasses.fields(Claim)]
+    unknown = sorted(set(raw) - set(fields))
+    missing = [k for k in ("text", "source", "a") if not raw.get(k)]
+    if unknown or missing:
+        problems = [f"unknown field {k!r}" for k in unknown] + [f"no {k}" for k in missing]
+        raise SpecbenchError(f"{where}: {'; '.join(problems)} (fields: {', '.join(fields)})")
+    benches = raw.get("benches") or ()
+    claim = Claim(**{**raw, "threshold": float(raw.get("threshold", 1.0)),
+                     "benches": (benches,) if isinstance(benches, str) else tuple(benches)})
+    for name, value, allowed in (("metric", claim.metric, tuple(paired.METRICS)),
+                                 ("direction", claim.direction, DIRECTIONS), ("compare", claim.compare, COMPARES)):
+        if value not in allowed:
+            raise SpecbenchError(f"{where}: {name} {value!r} is not one of {', '.join(allowed)}")
+    for pattern in (claim.a, claim.b):
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise SpecbenchError(f"{where}: pattern {pattern!r}: {e}") from None
+    return claim
+
+
+def load_claims() -> tuple[Claim, ...]:
+    """Every claim the method packages declare (entry-point group ``specbench.claims``), in their order."""
+    return tuple(c for path in declared_paths(CLAIMS_GROUP) for c in read_claims(path))
+
 
 COLUMNS = ["target", "temperature", "claim", "source", "bench", "a", "b", "metric", "n", "ratio", "ratio_lo",
            "ratio_hi", "direction", "threshold", "verdict"]
@@ -172,10 +199,11 @@ def judge(claim: Claim, a: np.ndarray, b: np.ndarray, reps: int = paired.REPS, s
                 verdict=paired.verdict(lo, hi, claim.direction, claim.threshold, n))
 
 
-def ordering_frame(files: Sequence, claims: Sequence[Claim] = CLAIMS, reps: int = paired.REPS,
+def ordering_frame(files: Sequence, claims: Sequence[Claim] | None = None, reps: int = paired.REPS,
                    seed: int = paired.SEED) -> pd.DataFrame:
     """One row per (block, claim, bench or 'all', comparison); a claim with nothing to compare in a
-    block gets one 'no data' row."""
+    block gets one 'no data' row. ``claims``: the declared ones (``load_claims``) unless given."""
+    claims = load_claims() if claims is None else claims
     blocks: dict = {}
     for f in files:
         if f.records:
@@ -211,15 +239,18 @@ def _fmt_ratio(point: float, lo: float, hi: float) -> str:
     return f"{point:.3f} [{lo:.3f}, {hi:.3f}]"
 
 
-def orderings_table(frame: pd.DataFrame, provenance: Sequence[str] = ()):
-    """The 'orderings' table: a section per block, a row per claim × bench × comparison."""
+def orderings_table(frame: pd.DataFrame, provenance: Sequence[str] = (), claims: Sequence[Claim] | None = None):
+    """The 'orderings' table: a section per block, a row per claim × bench × comparison (claims in the
+    order of ``claims``, by default the declared ones)."""
     from specbench.report import Cell, Table, bench_label, block_label
+
+    claims = load_claims() if claims is None else claims
 
     columns = ["Claim", "Bench", "A", "B", "Metric", "n", "A / B [95% CI]", "Claimed", "Verdict"]
     sections = []
     for (target, temp), block in frame.groupby(["target", "temperature"], sort=True):
         rows = []
-        order = {c.text: i for i, c in enumerate(CLAIMS)}
+        order = {c.text: i for i, c in enumerate(claims)}
         block = block.assign(_c=block.claim.map(lambda c: order.get(c, len(order))),
                              _b=block.bench.map(lambda b: (b == ALL, b)))
         for r in block.sort_values(["_c", "_b", "a", "b"], kind="stable").itertuples():
@@ -238,7 +269,7 @@ def orderings_table(frame: pd.DataFrame, provenance: Sequence[str] = ()):
              "turns; 'all' pools the benches",
              "Monotone claims hold A = the next larger budget against B = the smaller; stream claims hold a "
              "side's last quarter of the stream (by query index) against its first quarter, resampled apart"]
-    notes += [f"{c.text}: {c.source}" for c in CLAIMS]
+    notes += [f"{c.text}: {c.source}" for c in claims]
     data = frame.assign(temperature=frame.temperature.map(lambda t: f"{t:g}"))
     return Table("orderings_table", "Orderings: do the papers' claims hold in these records?", columns, [],
                  sections, data, notes, list(provenance), align="lllllrrll")

@@ -1,12 +1,12 @@
-"""Paper presets: a published table's evaluation protocol as data (``specbench/presets/*.yaml``), expanded
-into ordinary ``specbench run`` configurations.
+"""Paper presets: a published table's evaluation protocol as data (YAML files that method packages ship
+under the entry-point group ``specbench.presets``), expanded into ordinary ``specbench run`` configurations.
 
 A preset names the paper's benches (with its prompt framing and sample selection), max new tokens,
 temperatures, methods with their budgets, the published drafter of each method per target, and the
 paper's metric; every setting carries its source. ``build_plan`` turns a preset and a target into one
-``RunConfig`` per bench x temperature (plus, for DDTree, a flash-attention vanilla run per bench x
-temperature), without loading any model; ``format_plan`` prints it (``--dry-run``); ``execute`` writes
-the framed prompt files and runs each config through ``Runner``.
+``RunConfig`` per bench x temperature (plus a vanilla run per bench x temperature for each other attention
+implementation the preset's ``baseline_attn`` names), without loading any model; ``format_plan`` prints it
+(``--dry-run``); ``execute`` writes the framed prompt files and runs each config through ``Runner``.
 """
 
 from __future__ import annotations
@@ -21,24 +21,35 @@ import numpy as np
 import yaml
 
 from specbench.benchmarks import Prompt, load_benchmark
+from specbench.drafter import available_methods, method_class
 from specbench.errors import SpecbenchError, unknown_name_error
+from specbench.plugin_files import declared_paths
 from specbench.runner import BASELINE, RunConfig
 
-PRESETS_DIR = Path(__file__).parent / "presets"
-# Which method option a drafter entry fills when given on the command line (--drafter NAME=VALUE).
-DRAFTER_OPTION = {"sps": "draft", "pacer": "pacer", "dvi": "head"}
+PRESETS_GROUP = "specbench.presets"  # entry points naming folders of preset *.yaml files
 _ENTRY_META = ("source", "train", "revision", "note")  # drafter-entry keys that are not method options
 
 
 # ------------------------------------------------------------------------------------------- loading
 
+def preset_files() -> dict[str, Path]:
+    """Preset name (the file's stem) -> its YAML file, over every folder the packages declare."""
+    found: dict[str, Path] = {}
+    for folder in declared_paths(PRESETS_GROUP):
+        for path in sorted(folder.glob("*.yaml")):
+            if path.stem in found:
+                raise SpecbenchError(f"preset {path.stem} is shipped twice: {found[path.stem]} and {path}")
+            found[path.stem] = path
+    return found
+
+
 def preset_names() -> list[str]:
-    return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
+    return sorted(preset_files())
 
 
 def load_preset(name: str) -> dict:
-    path = PRESETS_DIR / f"{name}.yaml"
-    if not path.is_file():
+    path = preset_files().get(name)
+    if path is None:
         raise unknown_name_error("preset", name, preset_names(), "specbench list presets")
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -160,6 +171,16 @@ def _bench_plan(spec: dict, data_dir: str | None, limit: int | None) -> BenchPla
     return plan
 
 
+def drafter_option(name: str) -> str:
+    """The method option a drafter entry fills when given as ``--drafter NAME=VALUE``: the weights that
+    method NAME adds itself, i.e. the last of its ``weight_options`` (a subclass appends its own to its
+    parent's); ``path`` for a name that is no registered method or has no weights option."""
+    if name not in available_methods():
+        return "path"
+    options = method_class(name).weight_options
+    return options[-1] if options else "path"
+
+
 def _options_text(value) -> str:
     text = str(value).lower() if isinstance(value, bool) else str(value)
     if "@" in text:
@@ -237,7 +258,7 @@ def build_plan(name: str, target: str, *, limit: int | None = None, out_dir: str
         entry = {"id": target, "drafters": {}, "chat_template_kwargs": {}}
     entry = {**entry, "drafters": dict(entry.get("drafters") or {})}
     for key, value in (drafters or {}).items():
-        entry["drafters"][key] = {DRAFTER_OPTION.get(key, "path"): value, "source": "--drafter on the command line"}
+        entry["drafters"][key] = {drafter_option(key): value, "source": "--drafter on the command line"}
     new_tokens = max_new_tokens or preset["max_new_tokens"]
     if new_tokens is None:
         raise SpecbenchError(f"preset {name}: {preset.get('max_new_tokens_source', 'max new tokens not stated')}")

@@ -1,9 +1,10 @@
 """Query streams: the fixed, recorded order in which a run feeds prompts to one drafter instance.
 
-Methods that learn while serving (DVI, SpecBlock +adapt/+OSD) carry state from one query to the
-next, so the order is part of the experiment. A stream is one bench (file order, or ``--sample``),
-or a mix of several benches interleaved round-robin (``mixed`` = equal parts of MATH-500, WMT-23,
-Alpaca and Natural Questions, SpecBlock App. D.2), repeated for ``passes`` passes.
+Methods that learn while serving (``Drafter.learns``) carry state from one query to the next, so
+the order is part of the experiment. A stream is one bench (file order, or ``--sample``), or a mix
+of several benches interleaved round-robin (``mixed`` = equal parts of MATH-500, WMT-23, Alpaca and
+Natural Questions, as in the shifted-stream protocol of SpecBlock App. D.2), repeated for ``passes``
+passes.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import pytest
 
 from specbench.cost_model import cost_model, ideal_and_efficiency
 from specbench.machine_load import MARK, under_load
-from specbench.orderings import CLAIMS, Claim, ordering_frame
+from specbench.orderings import Claim, load_claims, ordering_frame
 from specbench.paired import verdict
 from specbench.records import GenerationRecord
 from specbench.report import ResultFile, write_report
@@ -61,7 +61,7 @@ def test_verdict_rules_and_missing_data():
     assert verdict(1.0, 1.0, ">=", n=8) == "holds" and verdict(1.0, 1.0, ">", n=8) == "inconclusive"
     assert verdict(0.4, 0.6, "<", 0.75, n=8) == "holds" and verdict(0.8, 0.9, "<", 0.75, n=8) == "reversed"
     frame = ordering_frame([result_file([rec("vanilla", "p0", 1.0), rec("x", "p0", 1.0)])])
-    assert set(frame.verdict) == {"no data"} and len(frame) == len(CLAIMS) and set(frame.n) == {0}
+    assert set(frame.verdict) == {"no data"} and len(frame) == len(load_claims()) and set(frame.n) == {0}
 
 
 def test_pairs_across_files_of_one_bench_and_monotone_and_stream_claims():

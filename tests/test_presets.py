@@ -52,7 +52,7 @@ def test_ddtree_table1_dry_run_prints_the_papers_settings(capsys, tmp_path):
     assert "dflash: dflash path=z-lab/Qwen3-8B-DFlash-b16" in out
     assert "{'enable_thinking': False}" in out
     assert "vanilla baselines: sdpa, flash_attention_2" in out
-    assert "paper metric: ddtree_decode_speedup" in out
+    assert "paper metric: faster_baseline_tpot_speedup" in out
     assert "aime24: paper n=30; NOT RUN" in out
     assert "runs (20 results files)" in out  # 5 benches x 2 temperatures x (main + flash-attention vanilla)
     assert not (tmp_path / "r").exists()
@@ -188,15 +188,15 @@ def rec(method, pid, n_new, decode, prefill=0.1, accept=(), turn=0, bench="b"):
                             depth_accepts=[], bench=bench, prompt_id=pid, turn=turn)
 
 
-def test_ddtree_speedup_uses_the_faster_baseline_and_mean_time_per_token():
+def test_decode_speedup_uses_the_faster_baseline_and_mean_time_per_token():
     method = [rec("ddtree", "a", 11, 1.0, accept=[4, 4]), rec("ddtree", "b", 21, 1.0, accept=[9, 0, 9])]
     sdpa = [rec("vanilla", "a", 11, 4.0), rec("vanilla", "b", 21, 8.0)]
     fa2 = [rec("vanilla", "a", 11, 3.0), rec("vanilla", "b", 21, 6.0)]
     # Decode-only time per token: method (0.1 + 0.05) / 2, fa2 (0.3 + 0.3) / 2, sdpa (0.4 + 0.4) / 2.
     assert metrics.mean_time_per_token(method) == pytest.approx(0.075)
-    spd, used = metrics.ddtree_speedup(method, {"sdpa": sdpa, "flash_attention_2": fa2})
+    spd, used = metrics.faster_baseline_tpot_speedup(method, {"sdpa": sdpa, "flash_attention_2": fa2})
     assert used == "flash_attention_2" and spd == pytest.approx(0.3 / 0.075)
-    assert metrics.ddtree_speedup(method, {"sdpa": sdpa}) == (pytest.approx(0.4 / 0.075), "sdpa")
+    assert metrics.faster_baseline_tpot_speedup(method, {"sdpa": sdpa}) == (pytest.approx(0.4 / 0.075), "sdpa")
     # tau per response (macro) vs pooled: (10/2 + 21/3) / 2 vs 31 / 5.
     assert metrics.tau_macro(method) == pytest.approx(6.0)
     assert metrics.tau(method) == pytest.approx(31 / 5)
@@ -222,7 +222,7 @@ def test_report_paper_metric_table_names_the_metric_used():
     cells = paper_metric_cells(files)
     assert len(cells) == 1
     row = cells.iloc[0]
-    assert row.metric == "ddtree_decode_speedup" and row.baseline == "flash_attention_2"
+    assert row.metric == "faster_baseline_tpot_speedup" and row.baseline == "flash_attention_2"
     assert row.paper_speedup == pytest.approx(3.0) and row.paper_tau == pytest.approx(5.0)
     text = render_markdown(paper_metric_table(files))
-    assert "ddtree_decode_speedup" in text and "3.00×" in text and "flash_attention_2" in text
+    assert "faster_baseline_tpot_speedup" in text and "3.00×" in text and "flash_attention_2" in text
