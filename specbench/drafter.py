@@ -80,6 +80,18 @@ class Drafter:
     # Options that name weights: a local folder/file or a hub id ``org/name[@rev]``; a ``revision``
     # option, where the method has one, applies to the first.
     weight_options: ClassVar[tuple[str, ...]] = ()
+    # How reports name and group the method (a subclass inherits these, so each registered class sets
+    # its own): ``label`` its display name, ``family`` its method family ("" = the registered name for
+    # both), ``ablation_of`` the registered name of the method it ablates (None: a method in its own right).
+    label: ClassVar[str] = ""
+    family: ClassVar[str] = ""
+    ablation_of: ClassVar[str | None] = None
+
+    @classmethod
+    def report_names(cls) -> dict:
+        """The header's ``methods`` entry for a side of this method: registered name, label, family, ablation_of."""
+        return {"method": cls.name, "label": cls.label or cls.name, "family": cls.family or cls.name,
+                "ablation_of": cls.ablation_of}
 
     def __init__(self, options: Any = None) -> None:
         self.options = options if options is not None else self.Options()
@@ -157,10 +169,10 @@ def register(name: str):
     return wrap
 
 
-def _entry_points() -> dict[str, str]:
-    """Installed entry points; from a source checkout that was never pip-installed (e.g. a GPU
-    machine's system python), the ones declared in its pyproject.toml."""
-    found = {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+def _entry_points(group: str = ENTRY_POINT_GROUP) -> dict[str, str]:
+    """Installed entry points of ``group``; from a source checkout that was never pip-installed (e.g. a
+    GPU machine's system python), the ones declared in its pyproject.toml."""
+    found = {ep.name: ep.value for ep in entry_points(group=group)}
     if found:
         return found
     import tomllib
@@ -169,7 +181,7 @@ def _entry_points() -> dict[str, str]:
     pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
     if pyproject.is_file():
         declared = tomllib.loads(pyproject.read_text()).get("project", {}).get("entry-points", {})
-        found = dict(declared.get(ENTRY_POINT_GROUP, {}))
+        found = dict(declared.get(group, {}))
     return found
 
 

@@ -213,7 +213,7 @@ def _fmt_ratio(point: float, lo: float, hi: float) -> str:
 
 def orderings_table(frame: pd.DataFrame, provenance: Sequence[str] = ()):
     """The 'orderings' table: a section per block, a row per claim × bench × comparison."""
-    from specbench.report import Cell, Table, bench_label, block_label
+    from specbench.report.table import Cell, Table, bench_label, block_label
 
     columns = ["Claim", "Bench", "A", "B", "Metric", "n", "A / B [95% CI]", "Claimed", "Verdict"]
     sections = []
