@@ -66,9 +66,8 @@ def build_report(results: PathSpec, paper_numbers: str | Path | None = DEFAULT_P
     bold = significant_cells(files, reps=BOLD_REPS if reps else 0, seed=seed)  # reps=0: a preview, no tests
     main = main_table(cells, methods, prov, bold, loaded_cells(files))
     orderings = orderings_table(ordering_frame(files, seed=seed), prov) if reps else None
-    return Report(files, blocks, cells, methods, main, companion_table(cells, prov),
-                  ablation_table(cells, sides, prov), papers, registered_tables(blocks, prov), paper_metric_table(files),
-                  orderings, sides)
+    return Report(files, blocks, cells, methods, main, companion_table(cells, prov), ablation_table(cells, sides, prov),
+                  papers, registered_tables(blocks, prov), paper_metric_table(files), orderings, sides)
 
 
 def write_report(results_glob_or_paths: PathSpec = "results/*.jsonl", out_dir: str | Path = "reports",

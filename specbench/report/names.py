@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Iterable, Mapping
 
 Block = tuple[str, float]  # (target, temperature): one group of rows in every table
@@ -76,17 +75,22 @@ class MethodInfo:
     ablation_of: str | None = None
 
 
-@lru_cache(maxsize=None)
+_REGISTERED: dict[str, MethodInfo] = {}
+
+
 def registered_info(method: str) -> MethodInfo | None:
-    """The class attributes of a registered method (``Drafter.report_names``); None if not registered."""
+    """The class attributes of a registered method (``Drafter.report_names``); None if not registered
+    (or its module cannot be imported here)."""
     from specbench.drafter import available_methods, method_class
 
-    if method not in available_methods():
-        return None
-    try:
-        return MethodInfo(**method_class(method).report_names())
-    except ImportError:  # registered, but its module cannot be imported here
-        return None
+    if method not in _REGISTERED:
+        if method not in available_methods():
+            return None
+        try:
+            _REGISTERED[method] = MethodInfo(**method_class(method).report_names())
+        except ImportError:
+            return None
+    return _REGISTERED[method]
 
 
 def _unknown(method: str) -> MethodInfo:

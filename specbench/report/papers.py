@@ -16,9 +16,10 @@ import pandas as pd
 
 from specbench import metrics
 from specbench.errors import SpecbenchError
-from specbench.report.names import MEAN, VANILLA, MethodInfo, budget_of, normalise_bench, normalise_method
+from specbench.report.names import (MEAN, VANILLA, MethodInfo, bench_label, block_label, budget_of, normalise_bench,
+                                    normalise_method)
 from specbench.report.records import ResultFile
-from specbench.report.table import DASH, Cell, Table, bench_label, block_label, fmt_pct, fmt_spd, fmt_tau
+from specbench.report.table import DASH, Cell, Table, fmt_pct, fmt_spd, fmt_tau
 from specbench.report.tables import provenance_lines
 
 DEFAULT_PAPER_NUMBERS = Path(__file__).resolve().parents[2] / "reports" / "paper_numbers.csv"
@@ -93,8 +94,6 @@ def best_of_sweeps(cells: pd.DataFrame) -> pd.DataFrame:
     best = (cells[sweep].sort_values(["key", "bench", "speedup", "method"], ascending=[True, True, False, True])
             .groupby(["key", "bench"], sort=True).head(1))
     return pd.concat([cells[~sweep], best])
-
-
 
 
 # ------------------------------------------------------------------------------- paper metrics (presets)

@@ -105,8 +105,6 @@ def render_csv(table: Table) -> str:
     return head + table.data.to_csv(index=False, float_format="%.4f", na_rep="", lineterminator="\n")
 
 
-
-
 _CSS = """body{font-family:system-ui,sans-serif;margin:2em;color:#222;max-width:1400px}
 table{border-collapse:collapse;margin:1em 0;font-size:13px}th,td{padding:3px 8px;text-align:right}
 th:first-child,td:first-child,td.l{text-align:left}thead tr:last-child th{border-bottom:1px solid #444}

@@ -4,7 +4,7 @@ ablations (grouped by what each side's method declares as ``ablation_of``)."""
 from __future__ import annotations
 
 import math
-from typing import Iterable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import pandas as pd
 
@@ -129,7 +129,6 @@ def companion_table(cells: pd.DataFrame, provenance: Sequence[str] = ()) -> Tabl
     data = data[[c if c != "td" else "td_percent" for c in CELL_COLUMNS]]
     return Table("companion_table", "Speedup end-to-end vs decode-only, with bootstrap 95% intervals over prompts",
                  columns, [], sections, data, notes, list(provenance), align="ll" + "r" * 11)
-
 
 
 def ablation_groups(sides: Mapping[str, MethodInfo]) -> dict[str, list[str]]:
