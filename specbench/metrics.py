@@ -80,9 +80,9 @@ def phase_names(records: Iterable[GenerationRecord]) -> list[str]:
 
 
 def draft_subphases(records: Iterable[GenerationRecord]) -> list[str]:
-    """The phases drafters time inside ``draft``: every phase that is neither prefill nor a decode phase."""
-    top = {"prefill", *DECODE_PHASES}
-    return [p for p in phase_names(records) if p not in top]
+    """The phases drafters time inside ``draft``: every phase that is not the engine's."""
+    engine = {*ENGINE_PHASES, *DECODE_PHASES}
+    return [p for p in phase_names(records) if p not in engine]
 
 
 def phase_breakdown(records: Iterable[GenerationRecord]) -> dict[str, float]:
