@@ -105,6 +105,7 @@ class DDTreeOptions:
 
 class DDTreeDrafter(DFlashDrafter):
     name = METHOD
+    label = "DDTree"
     Options = DDTreeOptions
 
     def __init__(self, options: DDTreeOptions | None = None, model=None) -> None:

@@ -490,6 +490,7 @@ class DFlashDrafter(Drafter):
 
     name = METHOD
     Options = DFlashOptions
+    label = "DFlash"
     weight_options = ("path",)
 
     def __init__(self, options=None, model: DFlashModel | None = None) -> None:

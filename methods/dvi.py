@@ -193,6 +193,7 @@ def _cat_rows(rows: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
 # ---- the drafter -------------------------------------------------------------------------------
 class DVIDrafter(Drafter):
     name = "dvi"
+    label = "DVI"
     Options = DVIOptions
     learns = True
     weight_options = ("head",)
@@ -389,6 +390,9 @@ class DVIKLDrafter(DVIDrafter):
     """Online distillation only: KL(p_V || p_D) on the replay buffer."""
 
     name = "dvi-kl"
+    label = "DVI (KL only)"
+    family = "dvi"
+    ablation_of = "dvi"
     Options = DVIKLOptions
 
 
@@ -396,6 +400,9 @@ class DVIPGDrafter(DVIDrafter):
     """On-policy REINFORCE only (EMA-0.9 baseline, no KL anchor)."""
 
     name = "dvi-pg"
+    label = "DVI (PG only)"
+    family = "dvi"
+    ablation_of = "dvi"
     Options = DVIPGOptions
 
 
@@ -403,4 +410,7 @@ class DVICEDrafter(DVIDrafter):
     """Reward-masked cross-entropy only (credit on accepted drafts)."""
 
     name = "dvi-ce"
+    label = "DVI (CE only)"
+    family = "dvi"
+    ablation_of = "dvi"
     Options = DVICEOptions

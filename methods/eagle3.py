@@ -570,6 +570,7 @@ class _Frontier:
 
 class Eagle3Drafter(Drafter):
     name = "eagle3"
+    label = "EAGLE-3"
     Options = Eagle3Options
     weight_options = ("path",)
 

@@ -394,6 +394,7 @@ class MedusaOptions:
 
 class MedusaDrafter(Drafter):
     name = METHOD
+    label = "Medusa"
     Options = MedusaOptions
     weight_options = ("path",)
     taps = (-1,)  # the final-norm output that lm_head reads

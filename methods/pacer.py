@@ -315,6 +315,8 @@ class PacerOptions:
 
 class PacerDrafter(SpSDrafter):
     name = "pacer"
+    label = "PACER"
+    family = "pacer"
     Options = PacerOptions
     shipped = "pacer"  # folder under drafters/<target>/
     weight_options = ("draft", "pacer")
@@ -416,6 +418,8 @@ class PacerNoPosDrafter(PacerDrafter):
     """Ablation (paper Table 5): a layer trained and run without the draft-position embedding."""
 
     name = "pacer-no-pos"
+    label = "PACER w/o pos-emb"
+    ablation_of = "pacer"
     shipped = "pacer-no-pos"
 
 
@@ -428,6 +432,8 @@ class PacerNoGrowthDrafter(PacerDrafter):
     """Ablation (paper Table 5): constant threshold (ρ = 1)."""
 
     name = "pacer-no-growth"
+    label = "PACER w/o growth-factor"
+    ablation_of = "pacer"
     Options = PacerNoGrowthOptions
 
 

@@ -82,6 +82,7 @@ class _Block:
 
 class SpecBlockDrafter(Drafter):
     name = "specblock"
+    label = "SpecBlock"
     Options = SpecBlockOptions
     weights_name = "specblock"  # shipped folder under drafters/<target>/
     weight_options = ("path",)
@@ -338,18 +339,27 @@ class SpecBlockNoBroadcast(SpecBlockDrafter):
     """Drafter trained without the prefix broadcast (slots k > 0 get only their position query)."""
 
     weights_name = "specblock-no-broadcast"
+    label = "SpecBlock – prefix broadcast"
+    family = "specblock"
+    ablation_of = "specblock"
 
 
 class SpecBlockNoShift(SpecBlockDrafter):
     """Drafter trained without the layer-wise shift."""
 
     weights_name = "specblock-no-shift"
+    label = "SpecBlock – layer-wise shift"
+    family = "specblock"
+    ablation_of = "specblock"
 
 
 class SpecBlockNoValidPrefix(SpecBlockDrafter):
     """Drafter trained without the valid-prefix mask (every slot supervised)."""
 
     weights_name = "specblock-no-valid-prefix"
+    label = "SpecBlock – valid-prefix curriculum"
+    family = "specblock"
+    ablation_of = "specblock"
 
 
 @dataclass
@@ -361,3 +371,6 @@ class SpecBlockUniformTree(SpecBlockDrafter):
     """The full SpecBlock drafter with rank-guided branching replaced by a fixed top-k tree."""
 
     Options = UniformTreeOptions
+    label = "SpecBlock – rank-guided branching"
+    family = "specblock"
+    ablation_of = "specblock"

@@ -100,6 +100,8 @@ def head_parameters(model: SpecBlockModel) -> list[str]:
 
 class SpecBlockAdaptDrafter(SpecBlockDrafter):
     name = "specblock-adapt"
+    label = "SpecBlock+adapt"
+    family = "specblock"
     Options = AdaptOptions
     weights_name = "specblock"
     learns = True
@@ -317,6 +319,8 @@ class SpecBlockOSDDrafter(SpecBlockAdaptDrafter):
     """Always update: every 8 queries one full-drafter forward-KL step on the logged points."""
 
     name = "specblock-osd"
+    label = "SpecBlock+OSD"
+    family = "specblock"
     Options = OSDOptions
     bandit = False
 

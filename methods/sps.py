@@ -72,6 +72,7 @@ def truncated_copy(target: Target, spec: str):
 
 class SpSDrafter(Drafter):
     name = "sps"
+    label = "SpS"
     Options = SpSOptions
     weight_options = ("draft",)
 

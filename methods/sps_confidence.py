@@ -59,6 +59,8 @@ def next_gamma(gamma: int, accepted: int, drafted: int) -> int:
 
 class SpSConfidenceDrafter(SpSDrafter):
     name = "sps-confidence"
+    label = "SpS (confidence stop)"
+    family = "sps"
     Options = SpSConfidenceOptions
 
     def __init__(self, options: SpSConfidenceOptions | None = None, model=None, tokenizer=None) -> None:

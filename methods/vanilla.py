@@ -11,6 +11,7 @@ _EMPTY = DraftTree.empty()
 
 class VanillaDrafter(Drafter):
     name = "vanilla"
+    label = "Vanilla"
 
     def propose(self, state: DecodeState) -> DraftTree:
         return _EMPTY

@@ -80,6 +80,18 @@ class Drafter:
     # Options that name weights: a local folder/file or a hub id ``org/name[@rev]``; a ``revision``
     # option, where the method has one, applies to the first.
     weight_options: ClassVar[tuple[str, ...]] = ()
+    # How reports name and group the method (a subclass inherits these, so each registered class sets
+    # its own): ``label`` its display name, ``family`` its method family ("" = the registered name for
+    # both), ``ablation_of`` the registered name of the method it ablates (None: a method in its own right).
+    label: ClassVar[str] = ""
+    family: ClassVar[str] = ""
+    ablation_of: ClassVar[str | None] = None
+
+    @classmethod
+    def report_names(cls) -> dict:
+        """The header's ``methods`` entry for a side of this method: registered name, label, family, ablation_of."""
+        return {"method": cls.name, "label": cls.label or cls.name, "family": cls.family or cls.name,
+                "ablation_of": cls.ablation_of}
 
     def __init__(self, options: Any = None) -> None:
         self.options = options if options is not None else self.Options()

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Iterable, Sequence
 
-from specbench.records import GenerationRecord
+from specbench.records import DECODE_PHASES, GenerationRecord
 
 Key = tuple[str, str, int]
 
@@ -67,12 +67,34 @@ def draft_share(records: Iterable[GenerationRecord]) -> float:
     return sum(r.times.get("draft", 0.0) for r in records) / decode if decode > 0 else float("nan")
 
 
+# The engine's phases in the order tables and figures show them (those a record has). Any other phase
+# a record times is a drafter's own part of ``draft`` (tree building, online updates, ...), named by it.
+ENGINE_PHASES = ("prefill", "draft", "compile", "verify", "commit")
+
+
+def phase_names(records: Iterable[GenerationRecord]) -> list[str]:
+    """Every phase the records time: the engine's in ENGINE_PHASES order, then the others in order of
+    first appearance."""
+    seen = dict.fromkeys(p for r in records for p in r.times)
+    return [p for p in ENGINE_PHASES if p in seen] + [p for p in seen if p not in ENGINE_PHASES]
+
+
+def draft_subphases(records: Iterable[GenerationRecord]) -> list[str]:
+    """The phases drafters time inside ``draft``: every phase that is not the engine's."""
+    engine = {*ENGINE_PHASES, *DECODE_PHASES}
+    return [p for p in phase_names(records) if p not in engine]
+
+
 def phase_breakdown(records: Iterable[GenerationRecord]) -> dict[str, float]:
-    """Seconds per phase, summed. ``draft_fwd`` = draft minus its tree_build and adapt parts."""
+    """Seconds per phase, summed. ``draft_fwd`` = draft minus the drafter's own sub-phases."""
+    records = list(records)
     total: Counter = Counter()
     for r in records:
         total.update(r.times)
-    total["draft_fwd"] = total["draft"] - total["tree_build"] - total["adapt"]
+    draft_fwd = total["draft"]
+    for phase in draft_subphases(records):
+        draft_fwd -= total[phase]
+    total["draft_fwd"] = draft_fwd
     return dict(total)
 
 

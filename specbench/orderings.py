@@ -242,7 +242,7 @@ def _fmt_ratio(point: float, lo: float, hi: float) -> str:
 def orderings_table(frame: pd.DataFrame, provenance: Sequence[str] = (), claims: Sequence[Claim] | None = None):
     """The 'orderings' table: a section per block, a row per claim × bench × comparison (claims in the
     order of ``claims``, by default the declared ones)."""
-    from specbench.report import Cell, Table, bench_label, block_label
+    from specbench.report.table import Cell, Table, bench_label, block_label
 
     claims = load_claims() if claims is None else claims
 

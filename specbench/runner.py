@@ -247,6 +247,8 @@ class Runner:
                 "config_hash": config_hash(cfg.identity()), "stream": [q.prompt.id for q in stream],
                 "stream_turns": [len(q.prompt.turns) for q in stream],
                 "sides": [spec.label for spec, _, _ in parsed] + ([BASELINE] if with_baseline else []),
+                "methods": {spec.label: cls.report_names() for spec, cls, _ in parsed}
+                | ({BASELINE: method_class(BASELINE).report_names()} if with_baseline else {}),
                 "world_size": self.world.size}
         self.out = Path(cfg.out or default_out(cfg))
         if self.world.active:

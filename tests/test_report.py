@@ -15,7 +15,7 @@ from specbench.errors import SpecbenchError
 from specbench.records import GenerationRecord
 from specbench.report import (DEFAULT_PAPER_NUMBERS, build_report, load_results, missing_reasons, rich_main_table,
                               speedup_ci, tau_ci, write_report)
-from specbench.report_figures import block_figures, sweep_frame
+from specbench.report.figures import block_figures, sweep_frame
 
 META = {"target": "smollm2-135m", "dtype": "bf16", "device": "cpu", "hardware": "AMD EPYC 9B14 (2 threads)",
         "git_sha": "abc1234", "temperature": 0.0, "max_new_tokens": 64, "seed": 0, "config_hash": "h",
@@ -246,7 +246,7 @@ def test_paper_numbers_csv_parses():
     with DEFAULT_PAPER_NUMBERS.open(newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == ["paper", "table", "model", "hardware", "temperature", "bench", "method", "speedup",
-                             "tau", "td_percent", "notes"]
+                             "tau", "td_percent", "notes", "specbench_method"]
     assert {r["paper"] for r in rows} == {"SpecBlock", "DDTree", "PACER", "DVI"}
     for r in rows:
         for col in ("speedup", "tau", "td_percent", "temperature"):
@@ -292,10 +292,11 @@ def test_method_without_vanilla_keeps_tau_and_says_why(tmp_path: Path):
 
 
 def test_ablations_group_variants_at_the_same_budget_and_sweeps_stay_apart():
-    from specbench.report import ablation_families
+    # Files without the header's `methods` field: each side's class is found through the registry.
+    from specbench.report import ablation_groups, side_infos
     labels = ["vanilla", "specblock@budget=16", "specblock-no-shift@budget=16", "eagle3@budget=16", "eagle3@budget=60",
-              "specblock", "specblock-uniform-tree"]
-    assert ablation_families(labels) == {
+              "specblock", "specblock-uniform-tree", "specblock-adapt", "sps", "sps-confidence"]
+    assert ablation_groups(side_infos({}, labels)) == {
         "specblock": ["specblock", "specblock-uniform-tree"],
         "specblock@budget=16": ["specblock@budget=16", "specblock-no-shift@budget=16"]}
 
@@ -309,7 +310,7 @@ def test_rank_head_table_from_confusion_counts(tmp_path: Path):
         r.extra = {"rank_confusion": conf, "rank_predicted": [0, 0, 0, 0]}
         ours.append(r)
     write_jsonl(tmp_path / "r.jsonl", base + ours)
-    table = build_report(tmp_path / "r.jsonl", reps=0).rank
+    table = build_report(tmp_path / "r.jsonl", reps=0).table("rank_head_table")  # methods/specblock_report.py
     data = table.data.set_index("bucket")
     assert data.loc[0, "positions"] == 10 and math.isclose(data.loc[0, "precision"], 8 / 9)
     assert math.isclose(data.loc[0, "recall"], 8 / 10) and math.isclose(data.loc[1, "recall"], 3 / 4)

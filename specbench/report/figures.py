@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import matplotlib
 import pandas as pd
@@ -21,14 +21,13 @@ from matplotlib.ticker import MaxNLocator
 
 from specbench import metrics
 from specbench.records import DECODE_PHASES, GenerationRecord
-from specbench.report import VANILLA, Block, bench_label, block_label, budget_of, mean_over_benches
+from specbench.report.names import VANILLA, Block, bench_label, block_label, budget_of
+from specbench.report.stats import mean_over_benches
 
-if TYPE_CHECKING:
-    from specbench.report import Report
-
-STAGES = ("draft_fwd", "tree_build", "adapt", "verify", "commit")
-_STAGE_COLORS = {"draft_fwd": "#d62728", "tree_build": "#ff7f0e", "adapt": "#9467bd", "verify": "#1f77b4",
-                 "commit": "#7f7f7f"}
+# Stage colours: the engine's stages fixed; a drafter's own sub-phases of draft take the next free
+# colour in order of appearance.
+_ENGINE_COLORS = {"draft_fwd": "#d62728", "compile": "#2ca02c", "verify": "#1f77b4", "commit": "#7f7f7f"}
+_SUBPHASE_COLORS = ("#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf")
 _RC = {"svg.hashsalt": "specbench", "font.size": 9,
        "axes.grid": True, "grid.alpha": 0.3, "figure.dpi": 100, "savefig.dpi": 100}
 
@@ -60,16 +59,27 @@ def histogram_series(records: Sequence[GenerationRecord]) -> dict[str, dict[int,
     return out
 
 
+def stages(records: Sequence[GenerationRecord]) -> list[str]:
+    """The stages of decode time the records have: draft_fwd (drafting minus the drafter's own
+    sub-phases), those sub-phases, then the other decode phases."""
+    return ["draft_fwd", *metrics.draft_subphases(records)] + [p for p in DECODE_PHASES if p != "draft"]
+
+
+def stage_colors(names: Sequence[str]) -> dict[str, str]:
+    free = iter(_SUBPHASE_COLORS * len(names))
+    return {s: _ENGINE_COLORS.get(s) or next(free) for s in names}
+
+
 def stage_shares(records: Sequence[GenerationRecord]) -> dict[str, dict[str, float]]:
     """Share of decode time per stage (metrics.phase_breakdown), every method including vanilla."""
+    names = stages(records)
     out = {}
     for m in _methods(records, vanilla=True):
         phases = metrics.phase_breakdown(_of(records, m))
         decode = sum(phases.get(p, 0.0) for p in DECODE_PHASES)
         if decode > 0:
-            out[m] = {s: phases.get(s, 0.0) / decode for s in STAGES}
+            out[m] = {s: phases.get(s, 0.0) / decode for s in names}
     return out
-
 
 def sweep_frame(cells: pd.DataFrame, block: Block) -> pd.DataFrame:
     """τ and speedup per (base method, budget, bench) for ``x@budget=B`` labels; bench 'mean' included.
@@ -135,14 +145,16 @@ def histogram_figure(series: dict[str, dict[int, float]], title: str) -> Figure:
 def stage_figure(shares: dict[str, dict[str, float]], title: str) -> Figure:
     fig, (ax,) = _figure(title)
     methods = list(shares)
+    names = list(next(iter(shares.values())))  # every method has the block's stages, in order
+    colors = stage_colors(names)
     left = [0.0] * len(methods)
-    for stage in STAGES:
+    for stage in names:
         values = [shares[m][stage] for m in methods]
-        ax.barh(methods, values, left=left, color=_STAGE_COLORS[stage], label=stage)
+        ax.barh(methods, values, left=left, color=colors[stage], label=stage)
         left = [a + b for a, b in zip(left, values)]
     ax.set(xlabel="share of decode time", xlim=(0, 1))
     ax.invert_yaxis()
-    ax.legend(fontsize=8, ncols=len(STAGES), loc="lower center", bbox_to_anchor=(0.5, 1.0))
+    ax.legend(fontsize=8, ncols=len(names), loc="lower center", bbox_to_anchor=(0.5, 1.0))
     return fig
 
 
@@ -174,8 +186,8 @@ def tradeoff_figure(points: pd.DataFrame, title: str) -> Figure:
     return fig
 
 
-def block_figures(report: "Report", block: Block) -> dict[str, Figure]:
-    """Every figure that has data for one block, keyed by its file stem prefix."""
+def block_figures(report, block: Block) -> dict[str, Figure]:
+    """Every figure that has data for one block of a ``build.Report``, keyed by its file stem prefix."""
     records = report.blocks[block]
     label = block_label(block)
     figs: dict[str, Figure] = {}
@@ -205,7 +217,7 @@ def save_figure(fig: Figure, stem: Path) -> list[Path]:
     return [png, pdf]
 
 
-def write_figures(report: "Report", out_dir: Path) -> list[Path]:
+def write_figures(report, out_dir: Path) -> list[Path]:
     """All figures of all blocks into ``out_dir``; returns the written paths, sorted."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []

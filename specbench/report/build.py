@@ -1,0 +1,113 @@
+"""The report: result files -> every table (and the figures) -> files on disk, or the main table
+for the console."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from specbench.orderings import ordering_frame, orderings_table
+from specbench.records import GenerationRecord
+from specbench.report.figures import write_figures
+from specbench.report.method_tables import registered_tables
+from specbench.report.names import Block, MethodInfo
+from specbench.report.papers import (DEFAULT_PAPER_NUMBERS, load_paper_numbers, paper_comparison_table,
+                                     paper_metric_table)
+from specbench.report.records import PathSpec, ResultFile, block_records, block_sides, load_result_files
+from specbench.report.render import (flat_headers, render_csv, render_index_html, render_latex,
+                                     render_markdown)
+from specbench.report.stats import (BOLD_REPS, BOOTSTRAP_REPS, BOOTSTRAP_SEED, cell_frame, loaded_cells,
+                                    method_frame, significant_cells)
+from specbench.report.table import Table
+from specbench.report.tables import ablation_table, companion_table, main_table, provenance_lines
+
+
+@dataclass
+class Report:
+    files: list[ResultFile]
+    blocks: dict[Block, list[GenerationRecord]]
+    cells: pd.DataFrame
+    methods: pd.DataFrame
+    main: Table
+    companion: Table
+    ablation: Table | None
+    papers: Table | None
+    method_tables: list[Table] = field(default_factory=list)  # tables methods register (method_tables.py)
+    paper_metric: Table | None = None
+    orderings: Table | None = None
+    sides: dict[Block, dict[str, MethodInfo]] = field(default_factory=dict)
+
+    @property
+    def tables(self) -> list[Table]:
+        return [t for t in (self.main, self.companion, self.ablation, *self.method_tables, self.papers,
+                            self.paper_metric, self.orderings) if t is not None]
+
+    def table(self, name: str) -> Table | None:
+        """A table by its file stem (e.g. a method's own table), or None."""
+        return next((t for t in self.tables if t.name == name), None)
+
+
+def build_report(results: PathSpec, paper_numbers: str | Path | None = DEFAULT_PAPER_NUMBERS,
+                 reps: int = BOOTSTRAP_REPS, seed: int = BOOTSTRAP_SEED) -> Report:
+    """Everything computed, nothing written. ``reps=0`` skips the bootstrap (console preview)."""
+    files = load_result_files(results)
+    blocks = block_records(files)
+    sides = block_sides(files)
+    cells = cell_frame(blocks, reps=reps, seed=seed)
+    methods = method_frame(blocks)
+    prov = provenance_lines(files)
+    papers = None
+    if paper_numbers is not None and Path(paper_numbers).is_file():
+        known = [info for block in sides.values() for info in block.values()]
+        papers = paper_comparison_table(cells, methods, load_paper_numbers(paper_numbers, known), files,
+                                        prov + [f"paper numbers: {Path(paper_numbers).name}"])
+    bold = significant_cells(files, reps=BOLD_REPS if reps else 0, seed=seed)  # reps=0: a preview, no tests
+    main = main_table(cells, methods, prov, bold, loaded_cells(files))
+    orderings = orderings_table(ordering_frame(files, seed=seed), prov) if reps else None
+    return Report(files, blocks, cells, methods, main, companion_table(cells, prov), ablation_table(cells, sides, prov),
+                  papers, registered_tables(blocks, prov), paper_metric_table(files), orderings, sides)
+
+
+def write_report(results_glob_or_paths: PathSpec = "results/*.jsonl", out_dir: str | Path = "reports",
+                 paper_numbers: str | Path | None = DEFAULT_PAPER_NUMBERS, figures: bool = True) -> list[Path]:
+    """Write every table as .md/.tex/.csv, the figures as PNG+PDF and a self-contained index.html.
+
+    Returns the written paths, sorted."""
+    report = build_report(results_glob_or_paths, paper_numbers)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    for table in report.tables:
+        for suffix, text in ((".md", render_markdown(table)), (".tex", render_latex(table)),
+                             (".csv", render_csv(table))):
+            path = out / f"{table.name}{suffix}"
+            path.write_text(text, encoding="utf-8")
+            written.append(path)
+    figure_paths = write_figures(report, out / "figures") if figures else []
+    written += figure_paths
+    index = out / "index.html"
+    index.write_text(render_index_html(report.tables, [p for p in figure_paths if p.suffix == ".png"]),
+                     encoding="utf-8")
+    written.append(index)
+    return sorted(written)
+
+
+def rich_main_table(source: "Report | PathSpec"):
+    """The main table as a rich.table.Table for the console."""
+    from rich.table import Table as RichTable
+    from rich.text import Text
+
+    report = source if isinstance(source, Report) else build_report(source, reps=0)
+    table = report.main
+    rich = RichTable(title=table.title, caption="\n".join(table.provenance), caption_justify="left")
+    for head, align in zip(flat_headers(table), table.align):
+        rich.add_column(head, justify="left" if align == "l" else "right")
+    for s, (label, rows) in enumerate(table.sections):
+        if s:
+            rich.add_section()
+        rich.add_row(Text(label, style="italic"), *[""] * (len(table.columns) - 1))
+        for row in rows:
+            rich.add_row(*[Text(c.text, style="bold" if c.bold else "") for c in row])
+    return rich

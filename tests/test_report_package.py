@@ -1,0 +1,214 @@
+"""The report knows no method: labels, families and ablation groups come from what method classes
+declare (recorded per side in the results header, or looked up in the registry for older files);
+method-specific tables come through the ``specbench.report_tables`` entry-point group; the package's
+modules import each other without a circle."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from specbench import metrics
+from specbench.drafter import available_methods
+from specbench.records import DECODE_PHASES
+from specbench.report import build_report, side_infos, write_report
+from specbench.report.figures import stage_colors, stages
+from specbench.report.method_tables import _LOCAL, register_table, table_functions
+from specbench.report.names import header_sides, registered_info
+from specbench.report.table import Cell, Table
+from test_cli import base_args, cli, read
+from test_report import drafted, method_records, vanilla_records, write_jsonl
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "specbench" / "report"
+BLOCK = ("smollm2-135m", 0.0)
+
+
+def side(method: str, label: str = "", family: str = "", ablation_of: str | None = None) -> dict:
+    return {"method": method, "label": label or method, "family": family or method, "ablation_of": ablation_of}
+
+
+@pytest.fixture
+def toy_file(tmp_path: Path) -> Path:
+    """Sides of methods no registry knows, described only by the header's `methods` field."""
+    methods = {"toy": side("toy", "Toy"), "toy-lite": side("toy-lite", "Toy Lite", "toy", "toy"),
+               "toy-plus": side("toy-plus", "Toy+", "toy"), "vanilla": side("vanilla")}
+    records = vanilla_records() + method_records("toy", quality=2) + method_records("toy-lite", quality=1) + \
+        method_records("toy-plus", quality=3)
+    return write_jsonl(tmp_path / "toy.jsonl", records, method="toy", methods=methods)
+
+
+def test_unknown_methods_are_grouped_by_the_ablation_of_in_the_header(toy_file: Path):
+    report = build_report(toy_file, reps=0)
+    # toy-lite ablates toy; toy-plus shares the family but is a method in its own right (like +adapt).
+    assert [label for label, _ in report.ablation.sections] == ["smollm2-135m · T = 0 · toy"]
+    assert [row[0].text for row in report.ablation.sections[0][1]] == ["toy", "toy-lite"]
+    assert report.sides[BLOCK]["toy-plus"].family == "toy" and report.sides[BLOCK]["toy-plus"].ablation_of is None
+
+
+def test_paper_rows_join_by_the_csv_alias_or_the_declared_label(toy_file: Path, tmp_path: Path):
+    papers = tmp_path / "papers.csv"
+    head = "paper,table,model,hardware,temperature,bench,method,speedup,tau,td_percent,notes,specbench_method\n"
+    papers.write_text(head + "P,1,M,H,0,HumanEval,Toy Lite,2.50,3.00,,,\n"  # the label toy-lite declares
+                             "P,1,M,H,0,HumanEval,Classic Toy,1.50,2.00,,,toy\n"  # an alias in the CSV
+                             "P,1,M,H,0,HumanEval,Toy+,9.99,9.99,,,toy-lite\n")  # the alias wins over a label
+    data = build_report(toy_file, paper_numbers=papers, reps=0).papers.data
+    pairs = sorted(zip(data.method, data.paper_method))
+    assert pairs == [("toy", "Classic Toy"), ("toy-lite", "Toy Lite"), ("toy-lite", "Toy+")]
+
+
+def test_older_headers_find_each_sides_method_through_the_registry():
+    # A header written before `methods` existed: main side relabelled, a sweep and --also specs.
+    meta = {"method": "specblock", "label": "specblock-stream", "sweep": None,
+            "also": ["specblock-osd@budget=16@label=specblock-osd", "specblock-adapt",
+                     "specblock-no-shift@budget=16@path=x@label=specblock-no-shift@budget=16", "sps-confidence",
+                     "sps@gamma=2"]}
+    infos = side_infos(meta, ["specblock-stream", "specblock-osd", "specblock-adapt", "specblock-no-shift@budget=16",
+                              "sps-confidence", "sps@gamma=2", "vanilla", "mystery"])
+    assert infos["specblock-stream"].method == "specblock" and infos["sps@gamma=2"].method == "sps"
+    assert infos["specblock-no-shift@budget=16"].ablation_of == "specblock"
+    for name in ("specblock-adapt", "specblock-osd", "sps-confidence"):  # methods, not ablations
+        assert infos[name].ablation_of is None
+    assert (infos["specblock-adapt"].family, infos["sps-confidence"].family) == ("specblock", "sps")
+    assert infos["mystery"] == type(infos["mystery"])("mystery", "mystery", "mystery", None)
+    sweep = header_sides({"method": "ddtree", "label": "ddtree", "sweep": "budget=8,32"})
+    assert sweep == {"ddtree@budget=8": "ddtree", "ddtree@budget=32": "ddtree", "ddtree": "ddtree"}
+
+
+def test_every_registered_method_declares_a_distinct_label_and_a_registered_base():
+    registered = available_methods()
+    infos = {name: registered_info(name) for name in registered}
+    labels = [info.label for info in infos.values()]
+    assert len(set(labels)) == len(labels), labels  # a subclass that forgot its own label repeats its parent's
+    for name, info in infos.items():
+        assert info.method == name
+        assert info.ablation_of is None or info.ablation_of in registered, name
+        assert info.family in registered, name
+
+
+def test_run_header_records_each_sides_method_names(models, tmp_path, capsys):
+    out = tmp_path / "run.jsonl"
+    args = base_args(models, out, "--sweep", "gamma=1,2", "--also", f"sps@gamma=4@draft={models['draft']}@label=mine")
+    args[args.index("--limit") + 1] = "1"
+    code, _, err = cli(args, capsys)
+    assert code == 0, err
+    meta = read(out)[0]["meta"]
+    sps = {"method": "sps", "label": "SpS", "family": "sps", "ablation_of": None}
+    assert meta["methods"] == {"sps@gamma=1": sps, "sps@gamma=2": sps, "mine": sps,
+                               "vanilla": {"method": "vanilla", "label": "Vanilla", "family": "vanilla",
+                                           "ablation_of": None}}
+    # The fallback for older headers reads the same sides from the run's options.
+    assert {label: m for label, m in header_sides(meta).items() if label in meta["methods"]} == \
+        {label: entry["method"] for label, entry in meta["methods"].items() if label != "vanilla"}
+
+
+def toy_table(blocks, provenance):
+    rows = [[Cell(r.method), Cell(str(r.extra["toy"]))] for recs in blocks.values() for r in recs if "toy" in r.extra]
+    if not rows:
+        return None
+    return Table("toy_table", "Toy counts", ["Method", "Count"], [], [("all", rows)], __import__("pandas").DataFrame(),
+                 provenance=list(provenance))
+
+
+def test_a_registered_table_function_is_called_with_the_records(tmp_path: Path):
+    records = vanilla_records(benches=("humaneval",)) + method_records("sps", benches=("humaneval",))
+    records[-1].extra = {"toy": 7}
+    src = write_jsonl(tmp_path / "t.jsonl", records)
+    register_table("toy")(toy_table)
+    try:
+        assert "specblock-rank-head" in table_functions()  # declared in pyproject.toml
+        written = {p.name for p in write_report(src, tmp_path / "out", figures=False)}
+        assert {"toy_table.md", "toy_table.tex", "toy_table.csv"} <= written
+        assert "| sps | 7 |" in (tmp_path / "out" / "toy_table.md").read_text()
+        assert "Toy counts" in (tmp_path / "out" / "index.html").read_text()
+        assert build_report(write_jsonl(tmp_path / "none.jsonl", records[:-1]), reps=0).table("toy_table") is None
+    finally:
+        _LOCAL.pop("toy")
+
+
+def test_a_table_from_an_installed_package_is_found_by_its_entry_point(tmp_path: Path):
+    # A throwaway distribution outside the tree: a module and its dist-info with the entry point.
+    (tmp_path / "toyreport.py").write_text("def table(blocks, provenance):\n    return None\n")
+    info = tmp_path / "toyreport-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toyreport\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[specbench.report_tables]\ntoy = toyreport:table\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    code = "from specbench.report.method_tables import table_functions; print(table_functions()['toy'].__module__)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "toyreport"
+
+
+def _imports(path: Path) -> set[str]:
+    """specbench modules a file imports, anywhere in it (function-level imports included)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("specbench"):
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)  # `from specbench.report import build`
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith(("specbench", "methods")))
+    return found
+
+
+def test_the_report_package_has_no_import_circle_and_imports_no_method():
+    modules = {f"specbench.report.{p.stem}": p for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
+    modules["specbench.orderings"] = ROOT / "specbench" / "orderings.py"
+    edges = {m: {i for i in _imports(p) if i in modules} for m, p in modules.items()}
+    for m, p in modules.items():
+        assert not any(i == "methods" or i.startswith("methods.") for i in _imports(p)), m
+    # The package's __init__ imports nothing of its own at import time (its exports load lazily).
+    assert not {i for i in _imports(PACKAGE / "__init__.py") if i.startswith("specbench.report")}
+    state: dict[str, int] = {}
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for n in sorted(edges[m]):
+            assert state.get(n) != 1, " -> ".join(path + [n])
+            if n not in state:
+                visit(n, path + [n])
+        state[m] = 2
+
+    for m in sorted(modules):
+        if m not in state:
+            visit(m, [m])
+
+
+def test_each_module_imports_first():
+    # One fresh interpreter; before each module, every specbench module is forgotten, so each is the
+    # first of the project's modules to load (third-party libraries stay loaded, which saves seconds).
+    names = sorted(f"specbench.report.{p.stem}" for p in PACKAGE.glob("*.py") if p.stem != "__init__")
+    script = textwrap.dedent("""
+        import importlib, sys
+        for name in sys.argv[1:]:
+            for loaded in [m for m in sys.modules if m.split(".")[0] in ("specbench", "methods")]:
+                del sys.modules[loaded]
+            importlib.import_module(name)
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", script, "specbench.orderings", *names, "specbench.report"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+
+
+def test_phases_come_from_the_records_engine_phases_first():
+    r = drafted("toy", "humaneval", "p0", [1, 2], draft=0.5, verify=0.4, tree_build=0.0)
+    r.times = {"toy_update": 0.1, "commit": 0.1, "verify": 0.4, "draft": 0.5, "prefill": 0.1, "toy_index": 0.15}
+    assert metrics.phase_names([r]) == ["prefill", "draft", "verify", "commit", "toy_update", "toy_index"]
+    assert metrics.draft_subphases([r]) == ["toy_update", "toy_index"]
+    assert metrics.phase_breakdown([r])["draft_fwd"] == pytest.approx(0.25)
+    names = stages([r])
+    assert names == ["draft_fwd", "toy_update", "toy_index", "verify", "commit"]
+    colors = stage_colors(names)
+    assert len(set(colors.values())) == len(names)
+    r.times["compile"] = 0.05  # the engine's compile phase sits between draft and verify wherever it is timed
+    assert metrics.phase_names([r])[:4] == ["prefill", "draft", "compile", "verify"]
+    assert metrics.draft_subphases([r]) == ["toy_update", "toy_index"]  # never a drafter's part of draft
+    assert ("compile" in stages([r])) == ("compile" in DECODE_PHASES)  # a stage once it is a decode phase
