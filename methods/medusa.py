@@ -36,7 +36,7 @@ from specbench.tree import DraftTree, SiblingKind
 
 METHOD = "medusa"
 OFFICIAL_WEIGHTS = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
-KEY_WORDS = ("is missing", "has keys that map to nothing:")  # how key errors have always read for Medusa
+MEDUSA_KEY_WORDS = ("is missing", "has keys that map to nothing:")  # how key errors have always read for Medusa
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "drafters"  # drafters/<target name>/medusa
 
 # Data, reproduced exactly as published in FasterDecoding/Medusa:medusa/model/medusa_choices.py
@@ -219,7 +219,7 @@ def _load_ours(folder, config: dict, state: dict[str, torch.Tensor], target: Tar
         raise SpecbenchError(f"{folder}/config.json lacks architecture.{exc.args[0]}; the checkpoint is "
                              "incomplete") from None
     _check_sizes(folder, heads.hidden, heads.vocab, target)
-    return load_checked(heads, state, folder, "Medusa", words=KEY_WORDS)
+    return load_checked(heads, state, folder, "Medusa", words=MEDUSA_KEY_WORDS)
 
 
 def official_key_map(num_heads: int, num_layers: int) -> dict[str, tuple[str, int, int]]:
@@ -255,7 +255,7 @@ def _load_official(folder: Path, config: dict, target: Target) -> MedusaHeads:
         state = {k[len("medusa_head."):]: v for k, v in state.items()}
     num_heads, num_layers = official_shape(state, folder)
     key_map = official_key_map(num_heads, num_layers)
-    check_keys(state, key_map, folder, "Medusa", words=KEY_WORDS)
+    check_keys(state, key_map, folder, "Medusa", words=MEDUSA_KEY_WORDS)
     vocab, hidden = state[f"0.{num_layers}.weight"].shape
     if "hidden_size" in config and int(config["hidden_size"]) != hidden:
         raise SpecbenchError(f"{folder}: config.json says hidden_size {config['hidden_size']} but the weights "
