@@ -32,23 +32,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from methods.eagle3 import RMSNorm, Rotary, SwiGLU, _repeat_kv, _rope_of, _rotate
+from methods.checkpoints import check_layer_shapes, load_checked, load_ours_or_published, save_ours
+from methods.layers import KV, DecoderLayer, LayerShapes, RMSNorm, Rotary, official_layer_shapes, target_layer_shapes
 from specbench.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
 from specbench.target import Target, TargetOutput
 from specbench.training.batch import TrainBatch
-from specbench.training.checkpoint import (CONFIG, found_layout, load_drafter, load_state_exactly,
-                                          read_drafter_config, read_weights, save_drafter, target_fingerprint)
+from specbench.training.checkpoint import CONFIG, architecture, read_weights
 from specbench.tree import DraftTree, SiblingKind
 
 METHOD = "dflash"
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "drafters"  # drafters/<target name>/dflash
 OFFICIAL_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+OFFICIAL_IGNORED = ("*rotary_emb.inv_freq",)  # derived from config
 DECAY_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}  # loss decay per block size (SpecForge's published settings)
 MAX_ANCHORS = 512  # per sequence, as in the reference recipe
 MIN_LOSS_TOKENS = 32  # shorter responses are dropped from training
-
-KV = tuple[torch.Tensor, torch.Tensor]  # [B, kv_heads, S, head_dim]
 
 
 def default_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -65,24 +64,13 @@ def decay_gamma(block_size: int) -> float:
 
 # ---- architecture ----------------------------------------------------------------------------
 @dataclass
-class DFlashConfig:
-    hidden_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    intermediate_size: int
+class DFlashConfig(LayerShapes):
     num_hidden_layers: int  # drafter layers
-    rms_norm_eps: float
-    vocab_size: int  # the target's
     num_target_layers: int
     block_size: int
     mask_token_id: int
     target_layer_ids: list[int] = field(default_factory=list)
     draft_vocab_size: int = 0  # 0 = the target's whole lm_head (published); else a subset of its rows
-    hidden_act: str = "silu"
-    rope_theta: float = 10000.0
-    rope_scaling: dict | None = None
-    max_position_embeddings: int = 2048
     # Published dflash_config knobs (z-lab dflash/model.py): block input embeddings x scale; logits
     # x multiplier, then tanh soft-capping when > 0.
     input_embedding_scale: float = 1.0
@@ -92,30 +80,17 @@ class DFlashConfig:
     @classmethod
     def from_target(cls, target: Target, layers: int, block_size: int, mask_token_id: int,
                     target_layer_ids: Sequence[int] | None = None, draft_vocab_size: int = 0) -> "DFlashConfig":
-        cfg = target.config
-        heads = cfg.num_attention_heads
-        theta, scaling = _rope_of(cfg)
         ids = list(target_layer_ids) if target_layer_ids else default_layer_ids(target.num_layers, layers)
-        return cls(hidden_size=cfg.hidden_size, num_attention_heads=heads,
-                   num_key_value_heads=getattr(cfg, "num_key_value_heads", None) or heads,
-                   head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
-                   intermediate_size=cfg.intermediate_size, num_hidden_layers=layers,
-                   rms_norm_eps=getattr(cfg, "rms_norm_eps", 1e-6), vocab_size=target.vocab_size,
-                   num_target_layers=target.num_layers, block_size=block_size, mask_token_id=mask_token_id,
-                   target_layer_ids=ids, draft_vocab_size=draft_vocab_size,
-                   hidden_act=getattr(cfg, "hidden_act", "silu"), rope_theta=theta,
-                   rope_scaling=scaling, max_position_embeddings=getattr(cfg, "max_position_embeddings", 2048) or 2048)
+        return cls(**target_layer_shapes(target), num_hidden_layers=layers, num_target_layers=target.num_layers,
+                   block_size=block_size, mask_token_id=mask_token_id, target_layer_ids=ids,
+                   draft_vocab_size=draft_vocab_size)
 
     @classmethod
     def from_official(cls, raw: dict, source: str) -> "DFlashConfig":
         """From a published DFlash ``config.json`` (Qwen3 keys + ``dflash_config``)."""
         extra = raw.get("dflash_config") or {}
-        required = ("hidden_size", "num_attention_heads", "intermediate_size", "num_hidden_layers", "vocab_size")
-        missing = [k for k in required if k not in raw]
-        if missing or "mask_token_id" not in extra:
-            missing += [] if "mask_token_id" in extra else ["dflash_config.mask_token_id"]
-            raise SpecbenchError(f"{source} lacks {', '.join(missing)}; it is not a DFlash drafter "
-                                 f"({found_layout(Path(source).parent)})")
+        shapes = official_layer_shapes(raw, source, "DFlash", required=("num_hidden_layers",),
+                                       missing=() if "mask_token_id" in extra else ("dflash_config.mask_token_id",))
         if raw.get("use_sliding_window") and raw.get("sliding_window"):
             raise SpecbenchError(f"{source} uses sliding-window attention, which this DFlash loader does not support")
         if extra.get("is_causal", raw.get("is_causal")):
@@ -126,78 +101,17 @@ class DFlashConfig:
             value = extra.get(name, raw.get(name))
             return default if value is None else float(value)
 
-        heads, layers = raw["num_attention_heads"], raw["num_hidden_layers"]
+        layers = raw["num_hidden_layers"]
         target_layers = raw.get("num_target_layers")
         ids = extra.get("target_layer_ids") or (default_layer_ids(target_layers, layers) if target_layers else None)
         if not ids:
             raise SpecbenchError(f"{source} has neither dflash_config.target_layer_ids nor num_target_layers")
-        theta, scaling = _rope_of(_Attrs(raw))
-        return cls(hidden_size=raw["hidden_size"], num_attention_heads=heads,
-                   num_key_value_heads=raw.get("num_key_value_heads") or heads,
-                   head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
-                   intermediate_size=raw["intermediate_size"], num_hidden_layers=layers,
-                   rms_norm_eps=raw.get("rms_norm_eps", 1e-6), vocab_size=raw["vocab_size"],
-                   num_target_layers=target_layers or max(ids) + 1,
+        return cls(**shapes, num_hidden_layers=layers, num_target_layers=target_layers or max(ids) + 1,
                    block_size=int(raw.get("block_size") or extra.get("block_size") or 16),
                    mask_token_id=int(extra["mask_token_id"]), target_layer_ids=[int(i) for i in ids],
-                   hidden_act=raw.get("hidden_act", "silu"), rope_theta=theta, rope_scaling=scaling,
-                   max_position_embeddings=raw.get("max_position_embeddings", 2048),
                    input_embedding_scale=knob("input_embedding_scale", 1.0),
                    output_multiplier=knob("output_multiplier", 1.0),
                    final_logit_softcapping=knob("final_logit_softcapping", 0.0))
-
-
-class _Attrs:
-    """A dict seen as an HF config (for ``_rope_of``)."""
-
-    def __init__(self, raw: dict) -> None:
-        self.__dict__.update(raw)
-
-
-class Attention(nn.Module):
-    """Queries from the block; keys/values from [context; block] through the same projections."""
-
-    def __init__(self, cfg: DFlashConfig) -> None:
-        super().__init__()
-        d, h, kvh = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
-        self.q_proj = nn.Linear(cfg.hidden_size, h * d, bias=False)
-        self.k_proj = nn.Linear(cfg.hidden_size, kvh * d, bias=False)
-        self.v_proj = nn.Linear(cfg.hidden_size, kvh * d, bias=False)
-        self.o_proj = nn.Linear(h * d, cfg.hidden_size, bias=False)
-        self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
-        self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
-        self.heads, self.kv_heads, self.head_dim = h, kvh, d
-
-    def keys_values(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> KV:
-        """Rotated, normed keys and values of rows x [B, N, H] -> [B, kv_heads, N, d]."""
-        b, n, _ = x.shape
-        k = self.k_norm(self.k_proj(x).view(b, n, self.kv_heads, self.head_dim)).transpose(1, 2)
-        v = self.v_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
-        return _rotate(k, cos, sin), v
-
-    def forward(self, x: torch.Tensor, context: KV, cos: torch.Tensor, sin: torch.Tensor,
-                visible: torch.Tensor | None) -> torch.Tensor:
-        b, n, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(b, n, self.heads, self.head_dim)).transpose(1, 2)
-        k, v = self.keys_values(x, cos, sin)
-        groups = self.heads // self.kv_heads
-        keys = _repeat_kv(torch.cat([context[0], k], 2), groups)
-        values = _repeat_kv(torch.cat([context[1], v], 2), groups)
-        out = F.scaled_dot_product_attention(_rotate(q, cos, sin), keys, values, attn_mask=visible)
-        return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))
-
-
-class Layer(nn.Module):
-    def __init__(self, cfg: DFlashConfig) -> None:
-        super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = SwiGLU(cfg)
-
-    def forward(self, x, context: KV, cos, sin, visible) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), context, cos, sin, visible)
-        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class DFlashModel(nn.Module):
@@ -210,7 +124,7 @@ class DFlashModel(nn.Module):
         h = config.hidden_size
         self.fc = nn.Linear(len(config.target_layer_ids) * h, h, bias=False)
         self.hidden_norm = RMSNorm(h, config.rms_norm_eps)
-        self.layers = nn.ModuleList(Layer(config) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, qk_norm=True) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(h, config.rms_norm_eps)
         if config.draft_vocab_size:  # target ids of the lm_head rows the drafter scores, ascending
             self.register_buffer("vocab_ids", torch.arange(config.draft_vocab_size))
@@ -315,7 +229,7 @@ class DFlashModel(nn.Module):
         x = self.embed(block_ids)
         cos, sin = self.rotary(block_positions, x.dtype)
         for layer, kv in zip(self.layers, context):
-            x = layer(x, kv, cos, sin, visible)
+            x, _ = layer(x, cos, sin, visible, past=kv)
         return x
 
     # ---- training -----------------------------------------------------------------------
@@ -370,57 +284,36 @@ class DFlashModel(nn.Module):
     # ---- checkpoints --------------------------------------------------------------------
     def save(self, folder: str | Path, target: Target, recipe: dict,
              dtype: torch.dtype | None = torch.bfloat16) -> Path:
-        config = {"method": METHOD, "architecture": asdict(self.config), "target": target_fingerprint(target),
-                  "taps": list(self.taps), "recipe": recipe,
-                  # the published keys too, so other DFlash tooling can read the folder
-                  "block_size": self.block_size,
-                  "dflash_config": {"target_layer_ids": list(self.config.target_layer_ids),
-                                    "mask_token_id": self.config.mask_token_id}}
-        return save_drafter(folder, self.state_dict(), config, dtype)
+        # the published keys too, so other DFlash tooling can read the folder
+        return save_ours(folder, METHOD, self.state_dict(), target, asdict(self.config), self.taps, recipe, dtype,
+                         block_size=self.block_size,
+                         dflash_config={"target_layer_ids": list(self.config.target_layer_ids),
+                                        "mask_token_id": self.config.mask_token_id})
 
     @classmethod
     def load(cls, folder: str | Path, target: Target) -> "DFlashModel":
-        """Our format or the published DFlash layout (told apart by config.json's "method")."""
-        raw = read_drafter_config(folder)
-        if "method" not in raw:
-            return _load_official(cls, Path(folder), raw, target)
-        if raw["method"] != METHOD:
-            raise SpecbenchError(f"{folder} holds a {raw['method']!r} drafter, not {METHOD}")
-        config, state = load_drafter(folder, target)
-        try:
-            arch = DFlashConfig(**config["architecture"])
-        except (KeyError, TypeError) as exc:
-            raise SpecbenchError(f"{folder}/{CONFIG} has an incomplete DFlash architecture ({exc})") from None
-        _check(arch, target, folder)
-        return _fill(cls(arch, target), state, folder)
+        """Our format or the published DFlash layout (told apart by config.json's "method"), loaded in
+        the checkpoint's own dtype (exact round trip)."""
+        def ours(config: dict, state: dict[str, torch.Tensor]) -> DFlashModel:
+            arch = architecture(config, DFlashConfig, folder)
+            _check(arch, target, folder)
+            return load_checked(cls(arch, target), state, folder, "DFlash")
+
+        return load_ours_or_published(folder, target, METHOD, ours,
+                                      lambda path, raw: _load_official(cls, path, raw, target))
 
 
 def _check(cfg: DFlashConfig, target: Target, folder) -> None:
-    if cfg.hidden_size != target.hidden_size:
-        raise SpecbenchError(f"DFlash drafter {folder} has hidden size {cfg.hidden_size} but target {target.name!r} "
-                             f"has {target.hidden_size}; use a drafter trained for this target")
-    if cfg.vocab_size != target.vocab_size or not 0 <= cfg.mask_token_id < target.vocab_size:
-        raise SpecbenchError(f"DFlash drafter {folder} expects vocabulary {cfg.vocab_size} (mask id "
-                             f"{cfg.mask_token_id}) but target {target.name!r} has {target.vocab_size}")
+    check_layer_shapes(cfg, target, folder, "a DFlash")
+    if not 0 <= cfg.mask_token_id < target.vocab_size:
+        raise SpecbenchError(f"DFlash drafter {folder} has mask id {cfg.mask_token_id}, outside the vocabulary of "
+                             f"target {target.name!r} ({target.vocab_size} tokens)")
     bad = [i for i in cfg.target_layer_ids if not 0 <= i < target.num_layers - 1]
     if bad:
         raise SpecbenchError(f"DFlash drafter {folder} taps target layers {bad}, outside 0..{target.num_layers - 2} "
                              f"of target {target.name!r}")
     if cfg.block_size < 2:
         raise SpecbenchError(f"DFlash drafter {folder} has block size {cfg.block_size}; need >= 2")
-
-
-def _fill(model: DFlashModel, state: dict[str, torch.Tensor], folder) -> DFlashModel:
-    """Load in the checkpoint's own dtype (exact round trip); name missing/extra keys in one line."""
-    expected = set(model.state_dict())
-    missing, unmapped = sorted(expected - set(state)), sorted(set(state) - expected)
-    if unmapped:
-        raise SpecbenchError(f"DFlash checkpoint {folder} has keys this loader does not map: "
-                             f"{', '.join(unmapped[:5])}{' ...' if len(unmapped) > 5 else ''}")
-    if missing:
-        raise SpecbenchError(f"DFlash checkpoint {folder} lacks keys: {', '.join(missing[:5])}"
-                             f"{' ...' if len(missing) > 5 else ''}")
-    return load_state_exactly(model, state, folder, "DFlash checkpoint")
 
 
 def _load_official(cls, folder: Path, raw: dict, target: Target) -> DFlashModel:
@@ -430,8 +323,7 @@ def _load_official(cls, folder: Path, raw: dict, target: Target) -> DFlashModel:
                              f"{target.name!r} has {target.num_layers}; use the drafter published for this target")
     _check(cfg, target, folder)
     state = read_weights(folder, OFFICIAL_WEIGHTS, "DFlash")
-    state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}  # derived from config
-    return _fill(cls(cfg, target), state, folder)
+    return load_checked(cls(cfg, target), state, folder, "DFlash", OFFICIAL_IGNORED)
 
 
 # ---- training helpers (pure) -----------------------------------------------------------------

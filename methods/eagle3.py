@@ -28,22 +28,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from methods.checkpoints import check_layer_shapes, load_checked, load_ours_or_published, save_ours
+from methods.layers import (KV, DecoderLayer, LayerShapes, RMSNorm, Rotary, official_layer_shapes, repeat_kv,
+                            target_layer_shapes)
 from specbench.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
 from specbench.target import Target, TargetOutput
 from specbench.training.batch import TrainBatch
-from specbench.training.checkpoint import (CONFIG, architecture, config_value, found_layout, load_drafter, load_state_exactly,
-                                          read_drafter_config, read_weights, save_drafter, target_fingerprint)
+from specbench.training.checkpoint import CONFIG, architecture, config_value, read_weights
 from specbench.tree import DraftTree, SiblingKind
-
-KV = tuple[torch.Tensor, torch.Tensor]  # keys, values: [B, kv_heads, S, head_dim]
 
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "drafters"
 # The official loader (SafeAILab/EAGLE ea_model.py) tries pytorch_model.bin first, then model.safetensors.
 OFFICIAL_WEIGHTS = ("pytorch_model.bin", "model.safetensors")
 # Official keys we deliberately drop: the embedding is the target's; inv_freq is derived from config.
-OFFICIAL_IGNORED = ("embed_tokens.weight",)
-OFFICIAL_IGNORED_SUFFIX = "rotary_emb.inv_freq"
+OFFICIAL_IGNORED = ("embed_tokens.weight", "*rotary_emb.inv_freq")
 
 
 def eagle3_taps(num_layers: int) -> tuple[int, int, int]:
@@ -56,19 +55,8 @@ def eagle3_taps(num_layers: int) -> tuple[int, int, int]:
 
 # ---- architecture ----------------------------------------------------------------------------
 @dataclass
-class Eagle3Config:
-    hidden_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    intermediate_size: int
-    rms_norm_eps: float
-    vocab_size: int  # the target's
+class Eagle3Config(LayerShapes):
     draft_vocab_size: int
-    hidden_act: str = "silu"
-    rope_theta: float = 10000.0
-    rope_scaling: dict | None = None  # HF rope parameters beyond theta (llama3, linear, ...)
-    max_position_embeddings: int = 2048
     # Published variants (SpecForge LlamaForCausalLMEagle3): taps of a wider/narrower target (fc reads
     # taps x target_hidden_size; 0 = hidden_size), an RMSNorm per tap before fc, no norm before lm_head.
     target_hidden_size: int = 0
@@ -85,161 +73,13 @@ class Eagle3Config:
 
     @classmethod
     def from_official(cls, raw: dict, source: str) -> "Eagle3Config":
-        """From an official EAGLE-3 ``config.json`` (Llama-style keys, optional ``target_hidden_size``,
-        ``fc_norm``, ``norm_output``)."""
+        """From an official EAGLE-3 ``config.json`` (Llama-style keys, optional ``draft_vocab_size``,
+        ``target_hidden_size``, ``fc_norm``, ``norm_output``)."""
         tapped = raw.get("target_hidden_size") or 0
-        return cls(**official_layer_shapes(raw, source, "EAGLE-3"),
+        shapes = official_layer_shapes(raw, source, "EAGLE-3")
+        return cls(**shapes, draft_vocab_size=raw.get("draft_vocab_size") or shapes["vocab_size"],
                    target_hidden_size=0 if tapped == raw.get("hidden_size") else int(tapped),
                    fc_norm=bool(raw.get("fc_norm", False)), norm_output=bool(raw.get("norm_output", True)))
-
-
-def target_layer_shapes(target: Target) -> dict:
-    """The target's per-layer shapes, norm, activation, RoPE and vocabulary, as config fields
-    (drafters built from the target's layer shapes share them)."""
-    cfg = target.config
-    heads = cfg.num_attention_heads
-    theta, scaling = _rope_of(cfg)
-    return dict(hidden_size=cfg.hidden_size, num_attention_heads=heads,
-                num_key_value_heads=getattr(cfg, "num_key_value_heads", None) or heads,
-                head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
-                intermediate_size=cfg.intermediate_size, rms_norm_eps=getattr(cfg, "rms_norm_eps", 1e-6),
-                vocab_size=target.vocab_size, hidden_act=getattr(cfg, "hidden_act", "silu"), rope_theta=theta,
-                rope_scaling=scaling, max_position_embeddings=getattr(cfg, "max_position_embeddings", 2048) or 2048)
-
-
-def official_layer_shapes(raw: dict, source: str, kind: str, eps: float = 1e-6) -> dict:
-    """Config fields from a published drafter's Llama-style ``config.json`` (``eps``: the
-    trainer's default when the file omits ``rms_norm_eps``)."""
-    required = ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
-    missing = [k for k in required if k not in raw]
-    if missing:
-        raise SpecbenchError(f"{source} lacks {', '.join(missing)}; it is not a{'n' if kind[0] in 'AEIOU' else ''} "
-                             f"{kind} drafter ({found_layout(Path(source).parent)})")
-    heads = raw["num_attention_heads"]
-    scaling = raw.get("rope_scaling")
-    if scaling and scaling.get("rope_type", scaling.get("type")) == "default":
-        scaling = None
-    return dict(hidden_size=raw["hidden_size"], num_attention_heads=heads,
-                num_key_value_heads=raw.get("num_key_value_heads") or heads,
-                head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
-                intermediate_size=raw["intermediate_size"], rms_norm_eps=raw.get("rms_norm_eps", eps),
-                vocab_size=raw["vocab_size"], draft_vocab_size=raw.get("draft_vocab_size") or raw["vocab_size"],
-                hidden_act=raw.get("hidden_act", "silu"), rope_theta=raw.get("rope_theta", 10000.0),
-                rope_scaling=scaling, max_position_embeddings=raw.get("max_position_embeddings", 2048))
-
-
-def _rope_of(cfg) -> tuple[float, dict | None]:
-    """(theta, scaling) from an HF config: ``rope_parameters`` (transformers 5) or rope_theta/rope_scaling."""
-    params = dict(getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {})
-    theta = params.pop("rope_theta", None) or getattr(cfg, "rope_theta", None) or 10000.0
-    kind = params.get("rope_type", params.get("type", "default"))
-    return float(theta), (params if kind != "default" else None)
-
-
-class Rotary:
-    """cos/sin for explicit positions. inv_freq comes from transformers' RoPE initialisers (all
-    scaling types) and stays fp32: it is not a module buffer, so casting the model cannot round it."""
-
-    def __init__(self, cfg: Eagle3Config) -> None:
-        from transformers import LlamaConfig
-        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-
-        # transformers warns when the pre-scaling context exceeds max_position_embeddings; it only sizes tables.
-        longest = max(cfg.max_position_embeddings, (cfg.rope_scaling or {}).get("original_max_position_embeddings", 0))
-        heads = cfg.num_attention_heads
-        hf = LlamaConfig(hidden_size=heads * cfg.head_dim, num_attention_heads=heads,
-                         head_dim=cfg.head_dim, rope_theta=cfg.rope_theta, rope_scaling=cfg.rope_scaling,
-                         max_position_embeddings=longest)
-        emb = LlamaRotaryEmbedding(hf)
-        self.inv_freq = emb.inv_freq.float()
-        self.scale = float(emb.attention_scaling)
-
-    def __call__(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [B, N] -> cos, sin [B, 1, N, head_dim]."""
-        if self.inv_freq.device != positions.device:
-            self.inv_freq = self.inv_freq.to(positions.device)
-        freqs = positions[..., None].float() * self.inv_freq
-        angles = torch.cat([freqs, freqs], -1)[:, None]
-        return (angles.cos() * self.scale).to(dtype), (angles.sin() * self.scale).to(dtype)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
-
-
-def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
-    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
-
-
-class RMSNorm(nn.Module):
-    """Llama RMSNorm (statistics in fp32, as the official weights were trained with)."""
-
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
-
-
-class SwiGLU(nn.Module):
-    def __init__(self, cfg: Eagle3Config) -> None:
-        from transformers.activations import ACT2FN
-
-        super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-        self.act = ACT2FN[cfg.hidden_act]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
-
-
-class Projections(nn.Module):
-    """q/k/v read 2H (embedding ++ hidden); GQA heads like the target; o_proj back to H."""
-
-    def __init__(self, cfg: Eagle3Config) -> None:
-        super().__init__()
-        d, h, kvh = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
-        self.q_proj = nn.Linear(2 * cfg.hidden_size, h * d, bias=False)
-        self.k_proj = nn.Linear(2 * cfg.hidden_size, kvh * d, bias=False)
-        self.v_proj = nn.Linear(2 * cfg.hidden_size, kvh * d, bias=False)
-        self.o_proj = nn.Linear(h * d, cfg.hidden_size, bias=False)
-        self.heads, self.kv_heads, self.head_dim = h, kvh, d
-
-
-class DecoderLayer(nn.Module):
-    """The single EAGLE-3 layer. The residual stream is the un-normalised input hidden state."""
-
-    def __init__(self, cfg: Eagle3Config) -> None:
-        super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Projections(cfg)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = SwiGLU(cfg)
-
-    def project(self, emb: torch.Tensor, hidden: torch.Tensor, cos: torch.Tensor,
-                sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q [B, heads, N, d] and rotated k, v [B, kv_heads, N, d]."""
-        a = self.self_attn
-        x = torch.cat([self.input_layernorm(emb), self.hidden_norm(hidden)], -1)
-        b, n, _ = x.shape
-        q = a.q_proj(x).view(b, n, a.heads, a.head_dim).transpose(1, 2)
-        k = a.k_proj(x).view(b, n, a.kv_heads, a.head_dim).transpose(1, 2)
-        v = a.v_proj(x).view(b, n, a.kv_heads, a.head_dim).transpose(1, 2)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin), v
-
-    def finish(self, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        """attn [B, heads, N, d] -> the layer output [B, N, H] (un-normalised)."""
-        b, _, n, _ = attn.shape
-        h = hidden + self.self_attn.o_proj(attn.transpose(1, 2).reshape(b, n, -1))
-        return h + self.mlp(self.post_attention_layernorm(h))
 
 
 def _unrolled_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
@@ -248,14 +88,14 @@ def _unrolled_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[
     step-0 keys and to its own keys of steps 1..s (the drafted ancestors of a depth-(s+1) node)."""
     scale = q.shape[-1] ** -0.5
     n = q.shape[2]
-    k0, v0 = _repeat_kv(keys[0], groups), _repeat_kv(values[0], groups)
+    k0, v0 = repeat_kv(keys[0], groups), repeat_kv(values[0], groups)
     causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
     scores = [(q @ k0.transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))]
-    scores += [(q * _repeat_kv(k, groups)).sum(-1, keepdim=True) * scale for k in keys[1:]]
+    scores += [(q * repeat_kv(k, groups)).sum(-1, keepdim=True) * scale for k in keys[1:]]
     weights = torch.cat(scores, -1).float().softmax(-1).to(q.dtype)
     out = weights[..., :n] @ v0
     for t, v in enumerate(values[1:]):
-        out = out + weights[..., n + t: n + t + 1] * _repeat_kv(v, groups)
+        out = out + weights[..., n + t: n + t + 1] * repeat_kv(v, groups)
     return out
 
 
@@ -278,7 +118,7 @@ class Eagle3Model(nn.Module):
             self.fc_norm = nn.ModuleList(RMSNorm(config.tap_size, config.rms_norm_eps) for _ in self.taps)
         if own_embedding is not None:
             self.embed_tokens = nn.Embedding.from_pretrained(own_embedding, freeze=True)
-        self.midlayer = DecoderLayer(config)
+        self.midlayer = DecoderLayer(config, fused_input=True)  # q/k/v read [embedding; hidden] (2H)
         self.norm = RMSNorm(h, config.rms_norm_eps)
         self.lm_head = nn.Linear(h, config.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
@@ -339,9 +179,12 @@ class Eagle3Model(nn.Module):
     def features(self, taps: dict[int, torch.Tensor]) -> torch.Tensor:
         return torch.cat([taps[i] for i in self.taps], -1)
 
-    @property
-    def _groups(self) -> int:
-        return self.config.num_attention_heads // self.config.num_key_value_heads
+    def _project(self, hidden: torch.Tensor, target_ids: torch.Tensor, cos: torch.Tensor,
+                 sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [B, heads, N, d] and rotated k, v [B, kv_heads, N, d] of the pairs (hidden, token)."""
+        attn = self.midlayer.self_attn
+        x = self.midlayer.attention_input(hidden, self.embed(target_ids))
+        return (attn.queries(x, cos, sin), *attn.keys_values(x, cos, sin))
 
     # ---- inference ----------------------------------------------------------------------
     def forward(self, hidden: torch.Tensor, target_ids: torch.Tensor, positions: torch.Tensor,
@@ -354,14 +197,13 @@ class Eagle3Model(nn.Module):
         rows (the extended cache)."""
         hidden = self.fuse(hidden)
         cos, sin = self.rotary(positions, hidden.dtype)
-        q, k, v = self.midlayer.project(self.embed(target_ids), hidden, cos, sin)
+        q, k, v = self._project(hidden, target_ids, cos, sin)
         keys, values = (k, v) if past is None else (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2))
         if visible is None:
             s, n = keys.shape[2] - k.shape[2], k.shape[2]
             visible = torch.arange(s + n, device=k.device)[None] <= (s + torch.arange(n, device=k.device))[:, None]
-        attn = F.scaled_dot_product_attention(q, _repeat_kv(keys, self._groups), _repeat_kv(values, self._groups),
-                                              attn_mask=visible)
-        return self.midlayer.finish(hidden, attn), (keys, values)
+        attn = self.midlayer.self_attn
+        return self.midlayer.finish(hidden, attn.output(attn.attend(q, keys, values, visible))), (keys, values)
 
     # ---- training -----------------------------------------------------------------------
     def unroll(self, input_ids: torch.Tensor, features: torch.Tensor, steps: int) -> Iterator[torch.Tensor]:
@@ -375,10 +217,11 @@ class Eagle3Model(nn.Module):
         for s in range(steps):
             tokens = F.pad(input_ids[:, 1 + s:], (0, min(1 + s, n)))
             cos, sin = self.rotary(positions + s, hidden.dtype)
-            q, k, v = self.midlayer.project(self.embed(tokens), hidden, cos, sin)
+            q, k, v = self._project(hidden, tokens, cos, sin)
             keys.append(k)
             values.append(v)
-            hidden = self.midlayer.finish(hidden, _unrolled_attention(q, keys, values, self._groups))
+            attn = self.midlayer.self_attn
+            hidden = self.midlayer.finish(hidden, attn.output(_unrolled_attention(q, keys, values, attn.groups)))
             yield hidden
 
     def training_loss(self, batch: TrainBatch, steps: int = 7, decay: float = 0.8) -> tuple[torch.Tensor, dict]:
@@ -415,22 +258,19 @@ class Eagle3Model(nn.Module):
     def save(self, folder: str | Path, target: Target, recipe: dict,
              dtype: torch.dtype | None = torch.bfloat16) -> Path:
         """Our folder format; ``dtype`` None keeps the parameters' dtype."""
-        config = {"method": "eagle3", "architecture": asdict(self.config), "target": target_fingerprint(target),
-                  "taps": list(self.taps), "draft_vocab": self.config.draft_vocab_size, "recipe": recipe}
-        return save_drafter(folder, self.state_dict(), config, dtype)
+        return save_ours(folder, "eagle3", self.state_dict(), target, asdict(self.config), self.taps, recipe, dtype,
+                         draft_vocab=self.config.draft_vocab_size)
 
     @classmethod
     def load(cls, folder: str | Path, target: Target) -> "Eagle3Model":
         """Load our format or the official EAGLE-3 layout (told apart by config.json's "method")."""
-        raw = read_drafter_config(folder)
-        if "method" not in raw:
-            return _load_official(cls, Path(folder), raw, target)
-        if raw["method"] != "eagle3":
-            raise SpecbenchError(f"{folder} holds a {raw['method']!r} drafter, not eagle3")
-        config, state = load_drafter(folder, target)
-        arch = architecture(config, Eagle3Config, folder)
-        taps = check_taps(config_value(config, "taps", folder), target, folder)
-        return _fill(_build(cls, arch, taps, target, folder), state, folder)
+        def ours(config: dict, state: dict[str, torch.Tensor]) -> Eagle3Model:
+            arch = architecture(config, Eagle3Config, folder)
+            taps = check_taps(config_value(config, "taps", folder), target, folder)
+            return load_checked(_build(cls, arch, taps, target, folder), state, folder, "EAGLE-3")
+
+        return load_ours_or_published(folder, target, "eagle3", ours,
+                                      lambda path, raw: _load_official(cls, path, raw, target))
 
 
 def check_taps(taps: Sequence[int], target: Target, folder: str | Path) -> tuple[int, ...]:
@@ -442,43 +282,10 @@ def check_taps(taps: Sequence[int], target: Target, folder: str | Path) -> tuple
     return wanted
 
 
-def check_layer_shapes(arch, target: Target, folder: str | Path, kind: str) -> None:
-    """A drafter built on the target's hidden states and vocabulary must match both (an EAGLE-3
-    drafter with ``target_hidden_size`` reads taps of that size through its own width)."""
-    tapped = getattr(arch, "target_hidden_size", 0) or arch.hidden_size
-    if tapped != target.hidden_size:
-        raise SpecbenchError(f"drafter {folder} has hidden size {tapped} but target {target.name!r} has "
-                             f"{target.hidden_size}; use {kind} drafter trained for this target")
-    if arch.vocab_size != target.vocab_size:
-        raise SpecbenchError(f"drafter {folder} maps a vocabulary of {arch.vocab_size} tokens but target "
-                             f"{target.name!r} has {target.vocab_size}; use a drafter trained for this target")
-
-
 def _build(cls: type[Eagle3Model], arch: Eagle3Config, taps: Sequence[int], target: Target,
            folder: str | Path, own_embedding: torch.Tensor | None = None) -> Eagle3Model:
     check_layer_shapes(arch, target, folder, "an EAGLE-3")
     return cls(arch, taps, target.model.get_input_embeddings(), own_embedding)
-
-
-def _fill(model: Eagle3Model, state: dict[str, torch.Tensor], folder: str | Path) -> Eagle3Model:
-    return load_state_exactly(model, state, folder)
-
-
-def _read_official_weights(folder) -> dict[str, torch.Tensor]:
-    return read_weights(folder, OFFICIAL_WEIGHTS, "EAGLE-3")
-
-
-def _map_official(state: dict[str, torch.Tensor], expected: set[str], folder: Path) -> dict[str, torch.Tensor]:
-    """Official key -> ours. Our module names mirror the official ones, so the map is the identity
-    over ``expected``; every other key must be one we deliberately ignore."""
-    ignored = {k for k in state if k in OFFICIAL_IGNORED or k.endswith(OFFICIAL_IGNORED_SUFFIX)}
-    unmapped = sorted(set(state) - expected - ignored)
-    missing = sorted(expected - set(state))
-    if unmapped:
-        raise SpecbenchError(f"EAGLE-3 checkpoint {folder} has keys this loader does not map: {', '.join(unmapped)}")
-    if missing:
-        raise SpecbenchError(f"EAGLE-3 checkpoint {folder} lacks keys: {', '.join(missing)}")
-    return {k: state[k] for k in expected}
 
 
 def official_taps(raw: dict, target: Target, folder: Path) -> tuple[int, ...]:
@@ -500,7 +307,7 @@ def _load_official(cls: type[Eagle3Model], folder: Path, raw: dict, target: Targ
         raise SpecbenchError(f"drafter {folder} fuses taps of hidden size {arch.tap_size} but target {target.name!r} "
                              f"has {target.hidden_size}; use an EAGLE-3 drafter trained for this target")
     taps = official_taps(raw, target, folder)
-    state = _read_official_weights(folder)
+    state = read_weights(folder, OFFICIAL_WEIGHTS, "EAGLE-3")
     own = None
     if arch.hidden_size != target.hidden_size:
         # Narrower/wider than the target: the official loader takes this drafter's embedding from its checkpoint.
@@ -518,7 +325,7 @@ def _load_official(cls: type[Eagle3Model], folder: Path, raw: dict, target: Targ
     model = _build(cls, arch, taps, target, folder, own)
     if arch.draft_vocab_size == arch.vocab_size:
         state.update(d2t=model.d2t, t2d=model.t2d)  # the identity mapping
-    return _fill(model, _map_official(state, set(model.state_dict()), folder), folder)
+    return load_checked(model, state, folder, "EAGLE-3", OFFICIAL_IGNORED)
 
 
 # ---- tree selection (pure) -------------------------------------------------------------------

@@ -26,16 +26,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from methods.checkpoints import check_keys, load_checked, load_ours_or_published, save_ours
 from specbench.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
 from specbench.target import Target
 from specbench.training.batch import TrainBatch
-from specbench.training.checkpoint import (found_layout, load_drafter, read_drafter_config, read_weights,
-                                           save_drafter, target_fingerprint)
+from specbench.training.checkpoint import found_layout, read_weights
 from specbench.tree import DraftTree, SiblingKind
 
 METHOD = "medusa"
 OFFICIAL_WEIGHTS = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
+MEDUSA_KEY_WORDS = ("is missing", "has keys that map to nothing:")  # how key errors have always read for Medusa
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "drafters"  # drafters/<target name>/medusa
 
 # Data, reproduced exactly as published in FasterDecoding/Medusa:medusa/model/medusa_choices.py
@@ -188,23 +189,15 @@ class MedusaHeads(nn.Module):
 def save_medusa(folder: str | Path, heads: MedusaHeads, target: Target, recipe: dict | None = None,
                 dtype: torch.dtype | None = None) -> Path:
     """Our format; ``dtype=None`` keeps the heads' dtype (bit-exact round trip)."""
-    config = {"method": METHOD,
-              "architecture": {"heads": heads.num_heads, "layers": heads.num_layers, "hidden": heads.hidden,
-                               "vocab": heads.vocab, "shared_lm_head": heads.shared_lm_head},
-              "target": target_fingerprint(target), "taps": [-1], "recipe": recipe or {}}
-    return save_drafter(folder, heads.state_dict(), config, dtype=dtype)
+    architecture = {"heads": heads.num_heads, "layers": heads.num_layers, "hidden": heads.hidden,
+                    "vocab": heads.vocab, "shared_lm_head": heads.shared_lm_head}
+    return save_ours(folder, METHOD, heads.state_dict(), target, architecture, [-1], recipe or {}, dtype)
 
 
 def load_medusa(folder: str | Path, target: Target) -> MedusaHeads:
     """Heads from our format or the official Medusa folder, checked against ``target``."""
-    config = read_drafter_config(folder)
-    if config.get("method") == METHOD:
-        heads = _load_ours(folder, target)
-    elif "medusa_num_heads" in config:
-        heads = _load_official(folder, config, target)
-    else:
-        raise SpecbenchError(f"{folder} is not a Medusa drafter (config.json has neither method='medusa' nor "
-                             f"medusa_num_heads; {found_layout(folder)})")
+    heads = load_ours_or_published(folder, target, METHOD, lambda config, state: _load_ours(folder, config, state, target),
+                                   lambda path, raw: _load_official(path, raw, target))
     heads.ensure_lm_head(target.model.get_output_embeddings())
     return heads
 
@@ -218,8 +211,7 @@ def _check_sizes(folder, hidden: int, vocab: int, target: Target) -> None:
                              f"{target.vocab_size}; use heads trained for this target")
 
 
-def _load_ours(folder, target: Target) -> MedusaHeads:
-    config, state = load_drafter(folder, target)  # refuses another target's drafter
+def _load_ours(folder, config: dict, state: dict[str, torch.Tensor], target: Target) -> MedusaHeads:
     arch = config.get("architecture", {})
     try:
         heads = MedusaHeads(arch["heads"], arch["hidden"], arch["vocab"], arch["layers"], arch["shared_lm_head"])
@@ -227,34 +219,7 @@ def _load_ours(folder, target: Target) -> MedusaHeads:
         raise SpecbenchError(f"{folder}/config.json lacks architecture.{exc.args[0]}; the checkpoint is "
                              "incomplete") from None
     _check_sizes(folder, heads.hidden, heads.vocab, target)
-    _load_exact(heads, state, folder)
-    return heads
-
-
-def _load_exact(heads: MedusaHeads, state: dict[str, torch.Tensor], folder) -> None:
-    expected = heads.state_dict()
-    _check_keys(set(state), set(expected), folder)
-    for key, tensor in state.items():
-        if tensor.shape != expected[key].shape:
-            raise SpecbenchError(f"{folder}: {key} has shape {tuple(tensor.shape)}, expected "
-                                 f"{tuple(expected[key].shape)}")
-    heads.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()})
-
-
-def _check_keys(found: set[str], expected: set[str], folder) -> None:
-    def names(keys: set[str]) -> str:
-        listed = sorted(keys)
-        return ", ".join(listed[:8]) + (f" (+{len(listed) - 8} more)" if len(listed) > 8 else "")
-
-    missing, unmapped = expected - found, found - expected
-    if missing:
-        raise SpecbenchError(f"Medusa checkpoint {folder} is missing {names(missing)}")
-    if unmapped:
-        raise SpecbenchError(f"Medusa checkpoint {folder} has keys that map to nothing: {names(unmapped)}")
-
-
-def _read_official_weights(folder) -> dict[str, torch.Tensor]:
-    return read_weights(folder, OFFICIAL_WEIGHTS, "Medusa")
+    return load_checked(heads, state, folder, "Medusa", words=MEDUSA_KEY_WORDS)
 
 
 def official_key_map(num_heads: int, num_layers: int) -> dict[str, tuple[str, int, int]]:
@@ -281,13 +246,16 @@ def official_shape(state: dict[str, torch.Tensor], folder) -> tuple[int, int]:
     return len(heads), len(blocks)
 
 
-def _load_official(folder, config: dict, target: Target) -> MedusaHeads:
-    state = _read_official_weights(folder)
+def _load_official(folder: Path, config: dict, target: Target) -> MedusaHeads:
+    if "medusa_num_heads" not in config:
+        raise SpecbenchError(f"{folder} is not a Medusa drafter (config.json has neither method='medusa' nor "
+                             f"medusa_num_heads; {found_layout(folder)})")
+    state = read_weights(folder, OFFICIAL_WEIGHTS, "Medusa")
     if state and all(k.startswith("medusa_head.") for k in state):  # saved from the wrapping model
         state = {k[len("medusa_head."):]: v for k, v in state.items()}
     num_heads, num_layers = official_shape(state, folder)
     key_map = official_key_map(num_heads, num_layers)
-    _check_keys(set(state), set(key_map), folder)
+    check_keys(state, key_map, folder, "Medusa", words=MEDUSA_KEY_WORDS)
     vocab, hidden = state[f"0.{num_layers}.weight"].shape
     if "hidden_size" in config and int(config["hidden_size"]) != hidden:
         raise SpecbenchError(f"{folder}: config.json says hidden_size {config['hidden_size']} but the weights "

@@ -10,37 +10,34 @@ from pathlib import Path
 
 import torch
 
-from methods.eagle3 import check_layer_shapes, check_taps, eagle3_taps, official_layer_shapes
+from methods.checkpoints import check_layer_shapes, load_checked, load_ours_or_published, save_ours
+from methods.eagle3 import check_taps, eagle3_taps
+from methods.layers import official_layer_shapes
 from methods.specblock_model import SpecBlockConfig, SpecBlockModel
 from specbench.errors import SpecbenchError
-from specbench.training.checkpoint import (CONFIG, architecture, config_value, load_drafter, load_state_exactly,
-                                          read_drafter_config, read_weights, save_drafter, target_fingerprint)
+from specbench.training.checkpoint import CONFIG, architecture, config_value, read_weights
 
 OFFICIAL_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 VOCAB_MAPPING = "vocab_mapping.pt"
 # Published keys we deliberately drop: the embedding is the target's, frozen; rotary tables are derived.
-OFFICIAL_IGNORED_PREFIX = ("input_layer.embed_tokens.",)
-OFFICIAL_IGNORED_SUFFIX = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
+OFFICIAL_IGNORED = ("input_layer.embed_tokens.*", "*rotary_emb.inv_freq", "*rotary_emb.cos_cached",
+                    "*rotary_emb.sin_cached")
 
 
 def save_specblock(folder: str | Path, model: SpecBlockModel, target, recipe: dict,
                    dtype: torch.dtype | None = torch.bfloat16) -> Path:
-    config = {"method": "specblock", "architecture": asdict(model.config), "target": target_fingerprint(target),
-              "taps": list(model.taps), "draft_vocab": model.config.draft_vocab_size, "recipe": recipe}
-    return save_drafter(folder, model.state_dict(), config, dtype)
+    return save_ours(folder, "specblock", model.state_dict(), target, asdict(model.config), model.taps, recipe, dtype,
+                     draft_vocab=model.config.draft_vocab_size)
 
 
 def load_specblock(folder: str | Path, target) -> SpecBlockModel:
     """Our folder format or the published SpecBlock layout (told apart by config.json's "method")."""
-    raw = read_drafter_config(folder)
-    if "method" not in raw:
-        return _load_official(Path(folder), raw, target)
-    if raw["method"] != "specblock":
-        raise SpecbenchError(f"{folder} holds a {raw['method']!r} drafter, not specblock")
-    config, state = load_drafter(folder, target)
-    arch = architecture(config, SpecBlockConfig, folder)
-    taps = check_taps(config_value(config, "taps", folder), target, folder)
-    return load_state_exactly(_build(arch, taps, target, folder), state, folder)
+    def ours(config: dict, state: dict[str, torch.Tensor]) -> SpecBlockModel:
+        arch = architecture(config, SpecBlockConfig, folder)
+        taps = check_taps(config_value(config, "taps", folder), target, folder)
+        return load_checked(_build(arch, taps, target, folder), state, folder, "SpecBlock")
+
+    return load_ours_or_published(folder, target, "specblock", ours, lambda path, raw: _load_official(path, raw, target))
 
 
 def _build(arch: SpecBlockConfig, taps, target, folder) -> SpecBlockModel:
@@ -50,7 +47,8 @@ def _build(arch: SpecBlockConfig, taps, target, folder) -> SpecBlockModel:
 
 def official_config(raw: dict, source: str) -> SpecBlockConfig:
     """The published SpecBlock config: Llama-style shapes plus K and the layer count (eps default 1e-5, as its trainer)."""
-    return SpecBlockConfig(**official_layer_shapes(raw, source, "SpecBlock", eps=1e-5),
+    shapes = official_layer_shapes(raw, source, "SpecBlock", eps=1e-5)
+    return SpecBlockConfig(**shapes, draft_vocab_size=raw.get("draft_vocab_size") or shapes["vocab_size"],
                            block_size=raw.get("diffspec_draft_token_num", 4), num_layers=raw.get("num_hidden_layers", 2))
 
 
@@ -74,19 +72,11 @@ def _load_official(folder: Path, raw: dict, target) -> SpecBlockModel:
         raise SpecbenchError(f"drafter {folder} fuses taps of hidden size {tapped} but target {target.name!r} has "
                              f"{target.hidden_size}; use a SpecBlock drafter trained for this target")
     state = read_weights(folder, OFFICIAL_WEIGHTS, "SpecBlock")
-    state = {k: v for k, v in state.items()
-             if not k.startswith(OFFICIAL_IGNORED_PREFIX) and not k.endswith(OFFICIAL_IGNORED_SUFFIX)}
     if "rank_head.0.weight" in state:  # the config does not record the rank head's width
         arch.rank_hidden = state["rank_head.0.weight"].shape[0]
     model = _build(arch, eagle3_taps(target.num_layers), target, folder)
     mapping = _vocab_mapping(folder)
     if mapping is not None:
         state.update(mapping)
-    expected = set(model.state_dict())
-    unmapped, missing = sorted(set(state) - expected), sorted(expected - set(state))
-    if unmapped:
-        raise SpecbenchError(f"SpecBlock checkpoint {folder} has keys this loader does not map: {', '.join(unmapped)}")
-    if missing:
-        raise SpecbenchError(f"SpecBlock checkpoint {folder} lacks keys: {', '.join(missing)}"
-                             + (f" (no {VOCAB_MAPPING}?)" if "t2d" in missing else ""))
-    return load_state_exactly(model, state, folder)
+    return load_checked(model, state, folder, "SpecBlock", OFFICIAL_IGNORED,
+                        hint=f" (no {VOCAB_MAPPING}?)" if "t2d" not in state else "")

@@ -23,10 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from methods.eagle3 import RMSNorm, Rotary, SwiGLU, _repeat_kv, _rotate, target_layer_shapes
+from methods.layers import KV, DecoderLayer, LayerShapes, RMSNorm, Rotary, target_layer_shapes
 from specbench.errors import SpecbenchError
 
-KV = tuple[torch.Tensor, torch.Tensor]  # keys, values: [B, kv_heads, S, head_dim]
 RANK_FEATURES = 15  # top-10 log-probs, 3 logit gaps, top-1 probability, entropy
 RANK_TOPK = 20  # log-sum-exp over the top-20 logits, in training and inference alike
 BUCKET_EDGES = (1, 4, 10)  # rank 1 | 2-4 | 5-10 | >10  ->  buckets 0, 1, 2, 3
@@ -34,24 +33,13 @@ NUM_BUCKETS = 4
 
 
 @dataclass
-class SpecBlockConfig:
-    hidden_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    intermediate_size: int
-    rms_norm_eps: float
-    vocab_size: int  # the target's
+class SpecBlockConfig(LayerShapes):
     draft_vocab_size: int
     block_size: int = 4  # K
     num_layers: int = 2
     prefix_broadcast: bool = True  # False: only slot 0 receives c and the token embedding (ablation)
     layer_shift: bool = True  # False: no W_shift between layers (ablation)
     rank_hidden: int = 256  # width of the rank head's MLP (the paper leaves it open)
-    hidden_act: str = "silu"
-    rope_theta: float = 10000.0
-    rope_scaling: dict | None = None
-    max_position_embeddings: int = 2048
 
     @classmethod
     def from_target(cls, target, draft_vocab: int, **overrides) -> "SpecBlockConfig":
@@ -103,45 +91,6 @@ class InputLayer(nn.Module):
         out = shared + queries
         b, g, k, _ = out.shape
         return out.reshape(b, g * k, h)
-
-
-class Attention(nn.Module):
-    def __init__(self, cfg: SpecBlockConfig) -> None:
-        super().__init__()
-        d, h, kvh = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
-        self.q_proj = nn.Linear(cfg.hidden_size, h * d, bias=False)
-        self.k_proj = nn.Linear(cfg.hidden_size, kvh * d, bias=False)
-        self.v_proj = nn.Linear(cfg.hidden_size, kvh * d, bias=False)
-        self.o_proj = nn.Linear(h * d, cfg.hidden_size, bias=False)
-        self.heads, self.kv_heads, self.head_dim = h, kvh, d
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, visible: torch.Tensor,
-                past: KV | None) -> tuple[torch.Tensor, KV]:
-        b, n, _ = x.shape
-        q = _rotate(self.q_proj(x).view(b, n, self.heads, self.head_dim).transpose(1, 2), cos, sin)
-        k = _rotate(self.k_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
-        v = self.v_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
-        keys, values = (k, v) if past is None else (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2))
-        groups = self.heads // self.kv_heads
-        out = F.scaled_dot_product_attention(q, _repeat_kv(keys, groups), _repeat_kv(values, groups),
-                                             attn_mask=visible[:, None] if visible.dim() == 3 else visible)
-        return self.o_proj(out.transpose(1, 2).reshape(b, n, -1)), (k, v)
-
-
-class DecoderLayer(nn.Module):
-    """A Llama decoder layer with the target's shapes."""
-
-    def __init__(self, cfg: SpecBlockConfig) -> None:
-        super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = SwiGLU(cfg)
-
-    def forward(self, x, cos, sin, visible, past):
-        attn, kv = self.self_attn(self.input_layernorm(x), cos, sin, visible, past)
-        x = x + attn
-        return x + self.mlp(self.post_attention_layernorm(x)), kv
 
 
 @dataclass

@@ -1,0 +1,83 @@
+"""Drafter checkpoints in either layout: our folder (``specbench.training.checkpoint``: config.json
+naming the method, architecture and target) or a method's published layout (config.json without
+"method", weights under the publisher's file names), and the one-line key checks both share."""
+
+from __future__ import annotations
+
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Callable, Sequence, TypeVar
+
+import torch
+
+from specbench.errors import SpecbenchError
+from specbench.training.checkpoint import (load_drafter, load_state_exactly, read_drafter_config, save_drafter,
+                                           target_fingerprint)
+
+Model = TypeVar("Model", bound=torch.nn.Module)
+KEY_WORDS = ("lacks keys:", "has keys this loader does not map:")  # what check_keys says of missing / extra keys
+SHOWN_KEYS = 8  # key names listed in one error line
+
+
+def load_ours_or_published(folder: str | Path, target, method: str, ours: Callable[[dict, dict], Model],
+                           published: Callable[[Path, dict], Model]) -> Model:
+    """``ours(config, state)`` for our folder, whose config.json names ``method`` (weights read and
+    the target checked by ``load_drafter``), else ``published(folder, raw config)``."""
+    raw = read_drafter_config(folder)
+    if "method" not in raw:
+        return published(Path(folder), raw)
+    if raw["method"] != method:
+        raise SpecbenchError(f"{folder} holds a {raw['method']!r} drafter, not {method}")
+    config, state = load_drafter(folder, target)
+    return ours(config, state)
+
+
+def save_ours(folder: str | Path, method: str, state: dict[str, torch.Tensor], target, architecture: dict,
+              taps: Sequence[int], recipe: dict, dtype: torch.dtype | None, **extra) -> Path:
+    """Our folder: config.json with the method, architecture, target fingerprint, taps, recipe and
+    ``extra`` keys; ``dtype`` None keeps the tensors' dtype."""
+    config = {"method": method, "architecture": architecture, "target": target_fingerprint(target),
+              "taps": list(taps), "recipe": recipe, **extra}
+    return save_drafter(folder, state, config, dtype)
+
+
+def key_names(keys: Sequence[str]) -> str:
+    listed = sorted(keys)
+    more = len(listed) - SHOWN_KEYS
+    return ", ".join(listed[:SHOWN_KEYS]) + (f" (+{more} more)" if more > 0 else "")
+
+
+def check_keys(found: Sequence[str], expected: Sequence[str], folder: str | Path, kind: str,
+               ignored: Sequence[str] = (), hint: str = "", words: tuple[str, str] = KEY_WORDS) -> None:
+    """Every expected key present and every other found key one matching an ``ignored`` glob, else
+    one line naming the keys (``hint`` follows the missing ones; ``words`` say missing / extra)."""
+    found, expected = set(found), set(expected)
+    extra = [k for k in found - expected if not any(fnmatchcase(k, pattern) for pattern in ignored)]
+    if extra:
+        raise SpecbenchError(f"{kind} checkpoint {folder} {words[1]} {key_names(extra)}")
+    missing = expected - found
+    if missing:
+        raise SpecbenchError(f"{kind} checkpoint {folder} {words[0]} {key_names(missing)}{hint}")
+
+
+def load_checked(model: Model, state: dict[str, torch.Tensor], folder: str | Path, kind: str,
+                 ignored: Sequence[str] = (), hint: str = "", words: tuple[str, str] = KEY_WORDS) -> Model:
+    """``check_keys`` against ``model``'s state dict, then load exactly (in the checkpoint's dtype);
+    keys matching ``ignored`` are dropped unless the model has them."""
+    expected = model.state_dict()
+    check_keys(state, expected, folder, kind, ignored, hint, words)
+    state = {k: v for k, v in state.items() if k in expected}
+    return load_state_exactly(model, state, folder, f"{kind} checkpoint")
+
+
+def check_layer_shapes(arch, target, folder: str | Path, kind: str) -> None:
+    """A drafter built on the target's hidden states and vocabulary must match both (an EAGLE-3
+    drafter with ``target_hidden_size`` reads taps of that size through its own width); ``kind``
+    reads "a SpecBlock", "an EAGLE-3", ..."""
+    tapped = getattr(arch, "target_hidden_size", 0) or arch.hidden_size
+    if tapped != target.hidden_size:
+        raise SpecbenchError(f"drafter {folder} has hidden size {tapped} but target {target.name!r} has "
+                             f"{target.hidden_size}; use {kind} drafter trained for this target")
+    if arch.vocab_size != target.vocab_size:
+        raise SpecbenchError(f"drafter {folder} maps a vocabulary of {arch.vocab_size} tokens but target "
+                             f"{target.name!r} has {target.vocab_size}; use a drafter trained for this target")
