@@ -491,6 +491,7 @@ class DFlashDrafter(Drafter):
     name = METHOD
     Options = DFlashOptions
     weight_options = ("path",)
+    trainer = "methods.dflash_train:DFlashTrainer"
 
     def __init__(self, options=None, model: DFlashModel | None = None) -> None:
         super().__init__(options)

@@ -85,6 +85,15 @@ class SpecBlockDrafter(Drafter):
     Options = SpecBlockOptions
     weights_name = "specblock"  # shipped folder under drafters/<target>/
     weight_options = ("path",)
+    trainer = "methods.specblock_trainer:SpecBlockTrainer"
+    # What `specbench train specblock --variant` changes to train this class's weights (SpecBlockConfig
+    # fields; ``valid_prefix`` for the loss): the variants' one declaration.
+    trained_with: dict = {}
+
+    @classmethod
+    def variant(cls) -> str:
+        """The `specbench train specblock --variant` whose drafter this class loads."""
+        return cls.weights_name.removeprefix("specblock").lstrip("-") or "full"
 
     def __init__(self, options: SpecBlockOptions | None = None, model: SpecBlockModel | None = None) -> None:
         super().__init__(options)
@@ -338,18 +347,21 @@ class SpecBlockNoBroadcast(SpecBlockDrafter):
     """Drafter trained without the prefix broadcast (slots k > 0 get only their position query)."""
 
     weights_name = "specblock-no-broadcast"
+    trained_with = {"prefix_broadcast": False}
 
 
 class SpecBlockNoShift(SpecBlockDrafter):
     """Drafter trained without the layer-wise shift."""
 
     weights_name = "specblock-no-shift"
+    trained_with = {"layer_shift": False}
 
 
 class SpecBlockNoValidPrefix(SpecBlockDrafter):
     """Drafter trained without the valid-prefix mask (every slot supervised)."""
 
     weights_name = "specblock-no-valid-prefix"
+    trained_with = {"valid_prefix": False}
 
 
 @dataclass
