@@ -69,7 +69,6 @@ class SpecBlockTrainer(MethodTrainer):
         from specbench.training.fit import fit_features, make_recipe, training_data
         from specbench.training.vocab import build_vocab_mapping
 
-        self.check(o)
         overrides = variants()[o.variant]
         valid = overrides.pop("valid_prefix", True)
         t, data_file, examples = training_data(o)

@@ -5,22 +5,24 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from specbench.errors import SpecbenchError
 
 MAX_INT = 2**31 - 1
 
 
-def check_options(values: dict, rules: dict[str, dict]) -> None:
+def check_options(values: dict, rules: dict[str, dict], then: Callable[[], None] | None = None) -> None:
     """``values``: flag name -> value, in command-line order; ``rules``: name -> its field rules
-    (``min``, ``positive``, ``fraction``, ``note``; see ``training.plugin``). Then the shared
-    values every command may take: dtype, data dir, prompt file (read now, so a damaged one fails
-    before the target loads) and the output folder."""
+    (``min``, ``positive``, ``fraction``, ``note``; see ``training.plugin``); ``then``: a command's
+    own checks. Then the shared values every command may take: dtype, data dir, prompt file (read
+    now, so a damaged one fails before the target loads) and the output folder."""
     from specbench.target import resolve_dtype
 
     for name, value in values.items():
         check_value(name, value, rules.get(name, {}))
+    if then is not None:
+        then()
     if "dtype" in values:
         resolve_dtype(values["dtype"])
     if values.get("data_dir"):

@@ -50,10 +50,8 @@ def trainer_command(name: str, trainer):
     types = field_types(trainer.Options)
     params = []
     for f in option_fields(trainer):
-        default = ... if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING else \
-            f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=types[f.name],
-                                        default=typer.Option(default, help=field_metadata(trainer.Options, f.name).get("help"))))
+        flag = typer.Option(_default(f), help=field_metadata(trainer.Options, f.name).get("help"))
+        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=types[f.name], default=flag))
 
     def command(**values) -> None:
         run_trainer(trainer, values)
@@ -66,12 +64,18 @@ def trainer_command(name: str, trainer):
     return typer.main.get_command(app)
 
 
+def _default(f: dataclasses.Field):
+    """A field's default; ``...`` (a required option) where it has none."""
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else ...
+
+
 def run_trainer(trainer, values: dict) -> dict:
     """Check ``values`` (flag name -> value) before anything loads, then train."""
-    check_options(values, _rules(trainer.Options))
     options = trainer.Options(**values)
     method = trainer()
-    method.check(options)
+    check_options(values, _rules(trainer.Options), then=lambda: method.check(options))
     return method.train(options)
 
 
