@@ -111,8 +111,8 @@ class SpecBlockDrafter(Drafter):
         super().setup(target)
         if self.model is None:
             shipped = SHIPPED_DIR / target.name / self.weights_name
-            variant = self.weights_name.removeprefix("specblock").lstrip("-")
-            command = "specbench train specblock" + (f" --variant {variant}" if variant else "")
+            variant = self.variant()
+            command = "specbench train specblock" + (f" --variant {variant}" if variant != "full" else "")
             path = self.resolve_weights("path", shipped, f"{self.name} needs a drafter folder for target {target.name!r} "
                                         f"({{path}} does not exist); pass --opt path=FOLDER_OR_HUB_ID or train one "
                                         f"with `{command}`")
