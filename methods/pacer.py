@@ -12,7 +12,9 @@ the stop decision reads only draft-side quantities.
 Training (paper §3.3, App. D): replay greedy speculative decoding of M_D against target-regenerated
 responses, draft a long window from every step's prefix, label drafts 1 up to the first mismatch and
 0 after, pack all steps of one response into one sequence whose mask lets draft m of step i see the
-prefix before step i and drafts 1..m of its own step (Fig. 5), binary cross-entropy.
+prefix before step i and drafts 1..m of its own step (Fig. 5), binary cross-entropy. The packing and
+the loss are here (they share the row convention with inference); `specbench train pacer` is
+``pacer_train.py``.
 
 Row convention shared by training and inference: the M_B row of the token at position p is M_D's
 final hidden state at position p − 1 (the state whose logits produced that token), at RoPE position
