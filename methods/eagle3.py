@@ -380,6 +380,7 @@ class Eagle3Drafter(Drafter):
     label = "EAGLE-3"
     Options = Eagle3Options
     weight_options = ("path",)
+    trainer = "methods.eagle3_train:Eagle3Trainer"
 
     def __init__(self, options: Eagle3Options | None = None, model: Eagle3Model | None = None) -> None:
         super().__init__(options)

@@ -365,6 +365,7 @@ class MedusaDrafter(Drafter):
     label = "Medusa"
     Options = MedusaOptions
     weight_options = ("path",)
+    trainer = "methods.medusa_train:MedusaTrainer"
     taps = (-1,)  # the final-norm output that lm_head reads
 
     def __init__(self, options: MedusaOptions | None = None, heads: MedusaHeads | None = None) -> None:

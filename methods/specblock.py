@@ -86,6 +86,15 @@ class SpecBlockDrafter(Drafter):
     Options = SpecBlockOptions
     weights_name = "specblock"  # shipped folder under drafters/<target>/
     weight_options = ("path",)
+    trainer = "methods.specblock_trainer:SpecBlockTrainer"
+    # What `specbench train specblock --variant` changes to train this class's weights (SpecBlockConfig
+    # fields; ``valid_prefix`` for the loss): the variants' one declaration.
+    trained_with: dict = {}
+
+    @classmethod
+    def variant(cls) -> str:
+        """The `specbench train specblock --variant` whose drafter this class loads."""
+        return cls.weights_name.removeprefix("specblock").lstrip("-") or "full"
 
     def __init__(self, options: SpecBlockOptions | None = None, model: SpecBlockModel | None = None) -> None:
         super().__init__(options)
@@ -103,8 +112,8 @@ class SpecBlockDrafter(Drafter):
         super().setup(target)
         if self.model is None:
             shipped = SHIPPED_DIR / target.name / self.weights_name
-            variant = self.weights_name.removeprefix("specblock").lstrip("-")
-            command = "specbench train specblock" + (f" --variant {variant}" if variant else "")
+            variant = self.variant()
+            command = "specbench train specblock" + (f" --variant {variant}" if variant != "full" else "")
             path = self.resolve_weights("path", shipped, f"{self.name} needs a drafter folder for target {target.name!r} "
                                         f"({{path}} does not exist); pass --opt path=FOLDER_OR_HUB_ID or train one "
                                         f"with `{command}`")
@@ -342,6 +351,7 @@ class SpecBlockNoBroadcast(SpecBlockDrafter):
     label = "SpecBlock – prefix broadcast"
     family = "specblock"
     ablation_of = "specblock"
+    trained_with = {"prefix_broadcast": False}
 
 
 class SpecBlockNoShift(SpecBlockDrafter):
@@ -351,6 +361,7 @@ class SpecBlockNoShift(SpecBlockDrafter):
     label = "SpecBlock – layer-wise shift"
     family = "specblock"
     ablation_of = "specblock"
+    trained_with = {"layer_shift": False}
 
 
 class SpecBlockNoValidPrefix(SpecBlockDrafter):
@@ -360,6 +371,7 @@ class SpecBlockNoValidPrefix(SpecBlockDrafter):
     label = "SpecBlock – valid-prefix curriculum"
     family = "specblock"
     ablation_of = "specblock"
+    trained_with = {"valid_prefix": False}
 
 
 @dataclass

@@ -75,6 +75,7 @@ class SpSDrafter(Drafter):
     label = "SpS"
     Options = SpSOptions
     weight_options = ("draft",)
+    trainer = "methods.sps_student:StudentTrainer"  # `specbench train sps-student`: a distilled draft model
 
     @classmethod
     def builtin_reference(cls, spec: str) -> bool:

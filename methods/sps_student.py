@@ -10,6 +10,7 @@ not an off-the-shelf sibling: records label it so.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +19,8 @@ from specbench.errors import SpecbenchError
 from specbench.target import Target
 from specbench.training.batch import TrainBatch
 from specbench.training.checkpoint import check_target, load_drafter, save_drafter, target_fingerprint
+from specbench.training.checks import layer_numbers
+from specbench.training.plugin import MethodTrainer, TrainOptions, option
 
 METHOD = "sps-student"
 
@@ -81,3 +84,33 @@ def load_student(folder, target: Target, dtype: torch.dtype):
         raise SpecbenchError(f"student checkpoint {folder} lacks {sorted(missing)[:3]}...; it is incomplete")
     model.load_state_dict(state, strict=False)
     return model.to(dtype=dtype, device=target.device).eval()
+
+
+# ---- `specbench train sps-student` ----------------------------------------------------------------
+@dataclass
+class StudentTrainOptions(TrainOptions):
+    layers: str = option("0,29", "Target layers copied into the student (comma-separated).")
+    epochs: int = option(4)
+    lr: float = option(3e-4)
+    batch_size: int = option(4)
+
+
+class StudentTrainer(MethodTrainer):
+    """Distil a small SpS draft model from the target (KL on target-regenerated responses)."""
+
+    command = "sps-student"
+    Options = StudentTrainOptions
+
+    def check(self, o: StudentTrainOptions) -> None:
+        layer_numbers(o.layers, "--layers", required=True)
+
+    def train(self, o: StudentTrainOptions) -> dict:
+        from specbench.training.fit import fit_features, make_recipe, training_data
+
+        t, data_file, examples = training_data(o)
+        chosen = layer_numbers(o.layers, "--layers", required=True)
+        student = build_student(t, chosen)
+        recipe = make_recipe(o.lr, o.epochs, o.batch_size, o.max_length, dtype=o.dtype, layers=chosen)
+        return fit_features(t, examples, student, lambda b: distillation_loss(student, b), [-1],
+                            lambda folder: save_student(folder, student, t, chosen, recipe.__dict__), recipe, o,
+                            data_file)

@@ -1,7 +1,8 @@
 """The Drafter protocol and the method registry.
 
 A method is a ``Drafter`` subclass registered under the entry-point group ``specbench.methods``
-(see pyproject.toml); adding a method touches no core file. Options are a dataclass so that
+(see pyproject.toml); adding a method touches no core file. Where it trains, the class names its
+trainer (``Drafter.trainer``), and `specbench train` gets a command for it. Options are a dataclass so that
 ``--opt key=value`` strings are validated and typed in one place.
 """
 
@@ -80,6 +81,11 @@ class Drafter:
     # Options that name weights: a local folder/file or a hub id ``org/name[@rev]``; a ``revision``
     # option, where the method has one, applies to the first.
     weight_options: ClassVar[tuple[str, ...]] = ()
+    # How `specbench train` trains this method's weights: a ``training.plugin.MethodTrainer`` subclass
+    # or a "module:Class" reference to one (imported only when the train commands are built); None =
+    # nothing to train. Subclasses (variants) inherit it and share its command.
+    trainer: ClassVar[Any] = None
+
     # How reports name and group the method (a subclass inherits these, so each registered class sets
     # its own): ``label`` its display name, ``family`` its method family ("" = the registered name for
     # both), ``ablation_of`` the registered name of the method it ablates (None: a method in its own right).

@@ -94,3 +94,30 @@ def test_shipped_responses_seed_the_cache_without_generating(models, tmp_path, c
     code, out, err = cli(args, capsys)
     assert code == 0, err
     assert sorted(data_mod.read_examples(cached), key=lambda e: e["id"]) == sorted(before, key=lambda e: e["id"])
+
+
+def test_train_pacer_on_the_shared_fit_then_run_it(models, tmp_path, capsys, monkeypatch):
+    """The pre-verifier trains through the shared fit loop: replayed SD packed per response, binary
+    CE, held-out AUC, its own card; a rerun resumes from the checkpoint instead of starting over."""
+    from methods.pacer import PacerDrafter, PacerOptions
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    args = ["train", "pacer", "--draft", models["draft"], "--window", "6", "--target", models["target"], "--prompts",
+            prompt_file(tmp_path), "--limit", "6", "--max-new-tokens", "12", "--epochs", "1", "--batch-size", "2",
+            "--out", str(tmp_path / "p")]
+    code, out, err = cli(args, capsys)
+    assert code == 0, err
+    folder = tmp_path / "p" / "drafter"
+    assert "pre-verification layer in" in out
+    evaluation = json.loads((folder / "eval.json").read_text())
+    assert evaluation["steps"] == 3 and {"bce", "accuracy", "auc", "auc_draft1"} <= set(evaluation)
+    extra = json.loads((folder / "config.json").read_text())["recipe"]["extra"]
+    assert extra["train_rows"] > 0 and extra["window"] == 6 and "train_response_tokens" not in extra
+    assert "replayed greedy SD" in (folder / "README.md").read_text()
+    code, _, err = cli(args, capsys)  # resumes at the last step: no step trained twice
+    assert code == 0, err
+    assert json.loads((folder / "eval.json").read_text())["steps"] == 3
+    steps = [json.loads(line) for line in (tmp_path / "p" / "train_log.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps if "eval" not in s] == [1, 2, 3]
+    target = Target.load(models["target"], "float32")
+    lossless(target, PacerDrafter(PacerOptions(draft=models["draft"], pacer=str(folder), block=2)))

@@ -1,0 +1,96 @@
+"""Training options are checked before the target loads: one ``SpecbenchError`` line per bad value."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Callable, Optional
+
+from specbench.errors import SpecbenchError
+
+MAX_INT = 2**31 - 1
+
+
+def check_options(values: dict, rules: dict[str, dict], then: Callable[[], None] | None = None) -> None:
+    """``values``: flag name -> value, in command-line order; ``rules``: name -> its field rules
+    (``min``, ``positive``, ``fraction``, ``note``; see ``training.plugin``); ``then``: a command's
+    own checks. Then the shared values every command may take: dtype, data dir, prompt file (read
+    now, so a damaged one fails before the target loads) and the output folder."""
+    from specbench.target import resolve_dtype
+
+    for name, value in values.items():
+        check_value(name, value, rules.get(name, {}))
+    if then is not None:
+        then()
+    if "dtype" in values:
+        resolve_dtype(values["dtype"])
+    if values.get("data_dir"):
+        from specbench.benchmarks import check_data_dir_option
+
+        check_data_dir_option(values["data_dir"])
+    if "prompts" in values:
+        from specbench.benchmarks import load_benchmark
+
+        load_benchmark(str(prompt_file(values["prompts"], values.get("data_dir"))), limit=values.get("limit"))
+    out = values.get("out")
+    if out is not None:
+        check_writable_folder(Path(out))
+
+
+def check_value(name: str, value, rule: dict) -> None:
+    flag = "--" + name.replace("_", "-")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    note = f"; {rule['note']}" if rule.get("note") else ""
+    if isinstance(value, int) and value > MAX_INT:
+        raise SpecbenchError(f"{flag} {value} is too large")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise SpecbenchError(f"{flag} must be a finite number (got {value})")
+    if "min" in rule and value < rule["min"]:
+        raise SpecbenchError(f"{flag} must be >= {rule['min']} (got {value}){note}")
+    if rule.get("fraction") and not 0 <= value < 1:
+        raise SpecbenchError(f"{flag} must be in [0, 1) (got {value}){note}")
+    if rule.get("positive") and value <= 0:
+        raise SpecbenchError(f"{flag} must be > 0 (got {value}){note}")
+
+
+def layer_numbers(value: str, flag: str, required: bool = False) -> list[int]:
+    """Comma-separated layer numbers (>= 0); ``required``: at least one."""
+    try:
+        ids = [int(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        raise SpecbenchError(f"{flag} expects comma-separated layer numbers (got {value!r}), e.g. 0,1") from None
+    if any(i < 0 for i in ids) or (required and not ids):
+        raise SpecbenchError(f"{flag} expects layer numbers >= 0 (got {value!r})")
+    return ids
+
+
+def check_writable_folder(out: Path) -> None:
+    try:
+        if out.exists() and not out.is_dir():
+            raise SpecbenchError(f"--out {out} is a file; pass a folder to write the drafter to")
+        existing = next((p for p in [out, *out.parents] if p.exists()), Path("."))
+    except OSError as exc:
+        raise SpecbenchError(f"--out {out}: {exc.strerror}; pass another folder") from None
+    if not os.access(existing, os.W_OK):
+        raise SpecbenchError(f"--out {out}: {existing} is not writable; pass a writable folder")
+
+
+def prompt_file(prompts: Optional[str], data_dir: Optional[str]) -> Path:
+    from specbench.benchmarks import data_dir as resolve_dir
+    from specbench.training.data import DEFAULT_PROMPTS
+
+    if prompts:
+        path = Path(prompts)
+    else:
+        folder = resolve_dir(data_dir)
+        if folder is None:
+            raise SpecbenchError("no prompt file: pass --prompts FILE.jsonl or set SPECBENCH_DATA to the data folder "
+                                 f"holding {DEFAULT_PROMPTS}")
+        path = Path(folder) / DEFAULT_PROMPTS
+    if not path.is_file():
+        raise SpecbenchError(f"prompt file {path} does not exist; pass --prompts FILE.jsonl")
+    if not os.access(path, os.R_OK):
+        raise SpecbenchError(f"prompt file {path} is not readable; check its permissions")
+    return path
