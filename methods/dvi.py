@@ -265,7 +265,7 @@ class DVIDrafter(Drafter):
             xs.append(x)
             bases.append(base)
             drafts.append(feed)
-        forward_shallow(self.target, shallow, [feed], state.timer)  # the last draft's shallow pass: its row yields the bonus
+        forward_shallow(self.target, shallow, [feed], state.timer)  # the last draft's pass: its row yields the bonus
         self.pending = (torch.cat(xs), torch.cat(bases), torch.tensor(drafts, device=self.target.device))
         if qs:
             return DraftTree.chain(drafts, q=torch.stack(qs), kind=SiblingKind.SAMPLED_IID, shallow=shallow)
