@@ -85,10 +85,6 @@ class CompiledTree:
     positions: torch.Tensor  # [1, N+1] absolute positions
     mask: torch.Tensor | None  # additive [1, 1, N+1, past+N+1]
 
-    @property
-    def rows(self) -> int:
-        return self.ids.shape[1]
-
 
 def _load_gguf(path: Path, dtype: torch.dtype, attn_implementation: str, device_map: str | None = None):
     """Load a GGUF model, caching the dequantised weights as safetensors (28 s -> ~1 s)."""
@@ -225,7 +221,7 @@ class Target:
         self.max_context = getattr(cfg, "max_position_embeddings", None) or 2048
         self.attn_implementation = getattr(cfg, "_attn_implementation", None) or "eager"
         self.chain_attn: str | None = None  # see use_chain_attention
-        self._mask_buffer: torch.Tensor | None = None  # reused by every tree verify (see _tree_mask)
+        self._mask_buffer: torch.Tensor | None = None  # reused by every tree compile (see _tree_mask)
         self.eos_token_ids = self._eos_ids()
         self.source = None  # hub.Resolved when loaded by Target.load: files and commit sha
         self.chat = None  # prompts.ChatFormat: how prompts are rendered (None = the tokenizer's template)
