@@ -5,7 +5,8 @@ the B prefixes with the largest Π q are the tree that maximises the surrogate's
 acceptance length (Props. 1-3). They are found best-first over rank tuples with a max-heap:
 
     build   (``best_first_prefixes``): pure, on top-K log-probs per depth, K = min(B, V)
-    compile (``compile_tree``): DraftTree with depth positions and the ancestor-only mask
+    compile (``compile_tree``): the DraftTree over the popped prefixes; the engine's ``compile``
+            phase turns it into depth positions and the ancestor-only mask, as for every method
     follow  the engine's walk: greedy at T = 0, rule A (sample from the target, match a child) at T > 0
 
 Budget B counts drafted nodes (the root, the bonus token, is not one). The paper sweeps
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from functools import cached_property
 
 import torch
 
@@ -61,28 +61,16 @@ def best_first_prefixes(log_q: list[list[float]], budget: int) -> list[tuple[Ran
 
 def compile_tree(prefixes: list[tuple[Ranks, float]], top_ids: list[list[int]]) -> DraftTree:
     """DraftTree over the popped prefixes (pop order is topological): token of ρ = top_ids[d-1][ρ_d - 1],
-    parent = the node of ρ without its last rank; depths and the ancestor mask are filled here so the
-    verifier gets them ready-made (and their cost is charged to tree building)."""
+    parent = the node of ρ without its last rank. Positions and the mask are the engine's compile phase."""
     index: dict[Ranks, int] = {}
-    tokens, parents, scores, depths = [], [], [], []
+    tokens, parents, scores = [], [], []
     for i, (rho, score) in enumerate(prefixes):
         index[rho] = i
         tokens.append(top_ids[len(rho) - 1][rho[-1] - 1])
         parents.append(index[rho[:-1]] if len(rho) > 1 else -1)
         scores.append(score)
-        depths.append(len(rho))
-    tree = DraftTree(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long),
+    return DraftTree(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long),
                      scores=torch.tensor(scores), kind=SiblingKind.DETERMINISTIC)
-    n = len(tokens)
-    ancestors = torch.eye(n, dtype=torch.bool)
-    for i, p in enumerate(parents):
-        if p >= 0:
-            ancestors[i] |= ancestors[p]
-    for name, value in (("depths", torch.tensor(depths, dtype=torch.long)), ("ancestor_mask", ancestors)):
-        if isinstance(getattr(DraftTree, name, None), cached_property):
-            tree.__dict__[name] = value
-    tree.children  # noqa: B018 - build the child table now (timed as tree building)
-    return tree
 
 
 def ddtree_from_log_probs(log_q: torch.Tensor, budget: int, to_target_ids=None) -> DraftTree:

@@ -1,19 +1,19 @@
 """DVI — Draft, Verify & Improve: self-speculation with a draft head that learns while serving.
 
 The target is split at layer ``layer`` (l). The drafter runs the target's own frozen layers
-[0, l) on each token (``Target.forward_shallow``: their keys/values go straight into the
+[0, l) on each token (``split_verify.forward_shallow``: their keys/values go straight into the
 target's cache, exactly what the full model would write) and reads a LoRA head off the layer-l
 state:  z_D = s * (W_0 + (alpha/r) B A) N_D(h_l),  W_0 = the frozen lm_head, N_D = the frozen
 final RMSNorm, rank-r LoRA (A, B) and a scalar s the only trainable parameters (METHODS.md §9,
 "default = paper"). A chain of ``k`` drafts plus the last draft's shallow pass is verified by
-running only layers [l, L) on the stored states (``Target.verify_from_layer``, reached through
-the engine's ordinary ``verify``), so the verifier is the frozen full model and decoding is
-lossless: greedy drafts at T = 0, drafts sampled from softmax(z_D / T) with that q at T > 0.
+running only layers [l, L) on the stored states: the chain carries them (``DraftTree.shallow``)
+and the engine hands them to ``Target.verify``, which runs ``split_verify.verify_deep``. The
+verifier is the frozen full model and decoding is lossless: greedy drafts at T = 0, drafts sampled from softmax(z_D / T) with that q at T > 0.
 
 Learning (``observe``): drafted positions up to and including the first rejection go into a
 replay buffer as (N_D(h_l), W_0 N_D(h_l), verifier logits z_V, draft y, verifier token v,
-reward r = accepted); every ``update_every`` verify calls one AdamW step runs, timed as the
-``adapt`` phase (inside drafting time). Objectives (``objective``):
+reward r = accepted); every ``update_every`` verify calls one AdamW step runs, timed through the
+engine's clock (``state.timer``) as the ``adapt`` phase (inside drafting time). Objectives (``objective``):
 
 * ``kl-rl`` (DVI): lam_KL KL(p_V || p_D) + lam_RL (-sum r log p_D(y) / sum r) + lam_CE CE(p_D, v)
   on a buffer minibatch, plus, once past the warm-up, lam_RL (-(r - b) log p_D(y) + beta KL) on
@@ -31,7 +31,6 @@ prompts of a run (the runner keeps one drafter instance per side).
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +40,7 @@ from torch import nn
 
 from specbench.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
+from specbench.split_verify import ShallowStates, check_split, forward_shallow
 from specbench.target import Target, TargetOutput
 from specbench.tree import DraftTree, SiblingKind
 from specbench.verify import draw, logits_to_probs
@@ -213,7 +213,7 @@ class DVIDrafter(Drafter):
     def setup(self, target: Target) -> None:
         super().setup(target)
         o = self.options
-        target.check_split(o.layer)  # one-line error for an unsupported target or a layer out of range
+        check_split(target, o.layer)  # one-line error for an unsupported target or a layer out of range
         self.gen = torch.Generator().manual_seed(o.seed)
         head_out = target.model.get_output_embeddings()
         self.head = DraftHead(head_out, target.model.model.norm, o.rank, o.alpha, o.dropout, self.gen)
@@ -233,13 +233,14 @@ class DVIDrafter(Drafter):
 
     # ---- per turn ---------------------------------------------------------------------------
     def begin(self, state: DecodeState, prefill: TargetOutput) -> None:
-        self.turn = {"steps": 0, "logged": 0, "accepted": 0, "adapt_s": 0.0}
+        self.turn = {"steps": 0, "logged": 0, "accepted": 0}
         self.fresh = []
 
     def end(self, state: DecodeState) -> dict:
         w = schedule(self.steps, self.options)
+        adapt_s = state.timer.seconds().get("adapt", 0.0)  # the engine's clock: this turn's updates
         return {"update_steps": self.steps, "update_steps_turn": self.turn["steps"],
-                "adapt_s_turn": round(self.turn["adapt_s"], 6), "lam_kl": w.kl, "lam_rl": w.rl, "lam_ce": w.ce,
+                "adapt_s_turn": round(adapt_s, 6), "lam_kl": w.kl, "lam_rl": w.rl, "lam_ce": w.ce,
                 "beta": w.beta, "buffer": len(self.buffer), "batch_acceptance": self.last.get("batch_acceptance"),
                 "turn_acceptance": self.turn["accepted"] / max(self.turn["logged"], 1),  # reward rate of logged drafts
                 "reward_baseline": round(self.baseline, 4), "loss": self.last.get("loss"), "layer": self.options.layer,
@@ -250,8 +251,9 @@ class DVIDrafter(Drafter):
         o = self.options
         feed = state.bonus
         xs, bases, drafts, qs = [], [], [], []
+        shallow = ShallowStates(o.layer)  # handed to the engine on the chain, which passes it to verify
         for _ in range(o.k):
-            h = self.target.forward_shallow([feed], o.layer)
+            h = forward_shallow(self.target, shallow, [feed], state.timer)
             x, base = self.head.features(h)
             with torch.no_grad():
                 logits = self.head.logits(x, base)[0]
@@ -264,11 +266,11 @@ class DVIDrafter(Drafter):
             xs.append(x)
             bases.append(base)
             drafts.append(feed)
-        self.target.forward_shallow([feed], o.layer)  # the last draft's shallow pass: its row yields the bonus
+        forward_shallow(self.target, shallow, [feed], state.timer)  # the last draft's pass: its row yields the bonus
         self.pending = (torch.cat(xs), torch.cat(bases), torch.tensor(drafts, device=self.target.device))
         if qs:
-            return DraftTree.chain(drafts, q=torch.stack(qs), kind=SiblingKind.SAMPLED_IID)
-        return DraftTree.chain(drafts)
+            return DraftTree.chain(drafts, q=torch.stack(qs), kind=SiblingKind.SAMPLED_IID, shallow=shallow)
+        return DraftTree.chain(drafts, shallow=shallow)
 
     # ---- improve ------------------------------------------------------------------------------
     def observe(self, state: DecodeState, result: VerifyResult) -> None:
@@ -287,11 +289,9 @@ class DVIDrafter(Drafter):
         self.fresh.append(rows)
         self.calls += 1
         if self.calls % self.options.update_every == 0:
-            start = time.perf_counter()
             with state.timer.phase("adapt"):
                 self.improve(_cat_rows(self.fresh))
             self.fresh = []
-            self.turn["adapt_s"] += time.perf_counter() - start
             self.turn["steps"] += 1
 
     def improve(self, fresh: dict[str, torch.Tensor]) -> dict:

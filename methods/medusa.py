@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import Sequence
 
@@ -335,15 +334,7 @@ class TreeSkeleton:
         """DraftTree from per-head top-k ids/log-probs [heads, topk]; scores = path log-probs."""
         tokens = top_ids.reshape(-1)[self.flat_index]
         scores = self.path_sum @ top_logprobs.float().reshape(-1)[self.flat_index]
-        tree = DraftTree(tokens.cpu(), self.parents, scores=scores.cpu(), kind=SiblingKind.DETERMINISTIC)
-        self._seed(tree)
-        return tree.dedup()
-
-    def _seed(self, tree: DraftTree) -> None:
-        """Hand the tree its static structure so the engine does not rebuild it node by node."""
-        for name, value in (("depths", self.depths), ("ancestor_mask", self.ancestors)):
-            if isinstance(getattr(DraftTree, name, None), cached_property):
-                tree.__dict__[name] = value.clone()
+        return DraftTree(tokens.cpu(), self.parents, scores=scores.cpu(), kind=SiblingKind.DETERMINISTIC).dedup()
 
 
 # ---- drafter --------------------------------------------------------------------------------------

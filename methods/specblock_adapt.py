@@ -16,8 +16,9 @@ clip 0.5) on the training copy with soft CE + rank CE + 0.01 * KL(p_theta || p_t
 inference copy is synced. The two queries after an event cannot trigger one. Over the next 8
 queries the gain over the 8 before updates v_a when s_trig >= 5. Fail-safe: if mean tau falls over
 3 consecutive 8-query intervals, restore the last snapshot taken at a non-falling interval and reset
-the values. Updates run at the start of the next query's first propose, timed as ``adapt`` (part of
-drafting time), so a query's record shows the cost of the update it paid for.
+the values. Updates run at the start of the next query's first propose, timed through the engine's
+clock (``state.timer``) as ``adapt`` (part of drafting time), so a query's record shows the cost of
+the update it paid for; a query's throughput for the bandit is its decode time on the same clock.
 
 OSD. Every query's points are logged; every 8 queries one full-drafter step of forward KL (soft
 CE) at those points, lr 1e-4, no bandit, no KL to theta0.
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import copy
 import random
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -132,7 +132,6 @@ class SpecBlockAdaptDrafter(SpecBlockDrafter):
         super().begin(state, prefill)
         self.log = QueryLog()
         self.turn_stats = {"action": "skip", "update": None, "adapt_s": 0.0, "rollback": False}
-        self.started = time.perf_counter()
         self.committed_calls = [0, 0]  # committed tokens, verify calls
 
     def _encode(self, state: DecodeState):
@@ -169,7 +168,9 @@ class SpecBlockAdaptDrafter(SpecBlockDrafter):
 
     def end(self, state: DecodeState) -> dict:
         self.log.tokens = list(state.tokens)
-        elapsed = time.perf_counter() - self.started
+        elapsed = state.timer.elapsed(exclude=("prefill",))  # this query's decode time, on the engine's clock
+        if self.turn_stats["update"] is not None:
+            self.turn_stats["adapt_s"] = round(state.timer.seconds().get("adapt", 0.0), 4)
         self.throughput.append((len(state.tokens) - state.prompt_len) / max(elapsed, 1e-9))
         self.taus.append(self.committed_calls[0] / max(self.committed_calls[1], 1))
         self.queries += 1
@@ -233,7 +234,6 @@ class SpecBlockAdaptDrafter(SpecBlockDrafter):
     def _update(self, action: str) -> None:
         logs = self.buffers[action]
         self.buffers[action] = []
-        start = time.perf_counter()
         signal = sum(log.signal for log in logs) / len(logs)
         loss = self.update_step(action, logs)
         self._sync()
@@ -243,7 +243,6 @@ class SpecBlockAdaptDrafter(SpecBlockDrafter):
         self.pending_values.append({"action": action, "at": len(self.throughput), "signal": signal,
                                     "before": sum(window) / max(len(window), 1)})
         self.turn_stats["update"] = action
-        self.turn_stats["adapt_s"] = round(time.perf_counter() - start, 4)
         self.turn_stats["update_loss"] = round(loss, 4)
 
     def update_step(self, action: str, logs: list[QueryLog]) -> float:

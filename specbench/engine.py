@@ -1,7 +1,13 @@
-"""The decode loop: prefill -> {propose, verify, walk, commit, observe} until EOS or the budget.
+"""The decode loop: prefill -> {propose, compile, verify, walk, commit, observe} until EOS or the budget.
 
 Every method, the vanilla baseline included, runs through ``generate``; the phases it times are
-the only clock the metrics use.
+the only clock the metrics use. The engine owns that clock (one ``PhaseTimer`` per generation) and
+passes it explicitly: to the target's verify, and to the drafter as ``DecodeState.timer``.
+
+Phases: ``prefill``; per step ``draft`` (propose + observe; drafters time sub-phases such as
+``tree_build`` and ``adapt`` inside it through ``state.timer``), ``compile`` (the DraftTree turned
+into the verify inputs on the target's device: ids, depth positions, mask, child table; the same
+code for every method, bookkeeping and not drafting), ``verify`` (forward + walk), ``commit``.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from specbench.prompts import render_chat
 from specbench.records import GenerationRecord
 from specbench.repeats import merge_repeats
 from specbench.target import Target
-from specbench.timing import PhaseTimer
+from specbench.timing import NULL_TIMER, PhaseTimer
 from specbench.verify import SamplingParams, TreeRule, sample_token, walk
 
 
@@ -42,27 +48,27 @@ def generate(target: Target, drafter: Drafter, prompt_ids: Sequence[int], config
              method: str | None = None, timer: PhaseTimer | None = None) -> GenerationRecord:
     """Generate one turn. Returns a record whose ``new_tokens`` are cut at the first EOS
     (inclusive) and at ``max_new_tokens``. ``timer`` defaults to a fresh ``PhaseTimer`` on the
-    target's device (a ``NullTimer`` measures the untimed engine)."""
+    target's device (pass a fresh one per generation; a ``NullTimer`` measures the untimed engine)."""
     if config.max_new_tokens < 1:
         raise ValueError("max_new_tokens must be >= 1")
     interrupt.check()
     timer = PhaseTimer(target.device) if timer is None else timer
-    target.timer = timer
     params = config.sampling
     gen = _generator(target.device, config.seed)
     eos = target.eos_token_ids if config.stop_on_eos else set()
     taps = tuple(drafter.taps)
     prompt_ids = [int(t) for t in prompt_ids]
 
+    # Prefill is timed as a whole: its forwards (the target's, the drafter's in begin) are not
+    # counted, so the forward counters cover the decode phase only.
     with timer.phase("prefill"):
         out = target.prefill(prompt_ids, taps=taps)
         bonus = sample_token(out.logits[-1], params, gen)
         state = DecodeState(tokens=prompt_ids + [bonus], prompt_len=len(prompt_ids), params=params,
-                            generator=gen, timer=timer)
+                            generator=gen, timer=NULL_TIMER)
         drafter.begin(state, out)
+    state.timer = timer
 
-    # Forward counters below cover the decode phase only; prefill is timed as a whole.
-    timer.clear_forwards()
     new_tokens = [bonus]
     accept_lengths: list[int] = []
     tree_sizes: list[int] = []
@@ -74,8 +80,10 @@ def generate(target: Target, drafter: Drafter, prompt_ids: Sequence[int], config
         interrupt.check()  # Ctrl-C / SIGTERM: stop after the token step in flight; this turn is not recorded
         with timer.phase("draft"):
             tree = drafter.propose(state)
+        with timer.phase("compile"):
+            compiled = target.compile_tree(state.bonus, tree)
         with timer.phase("verify"):
-            out = target.verify(state.bonus, tree, taps=taps)
+            out = target.verify(compiled, taps=taps, timer=timer, shallow=tree.shallow)
             result = walk(tree, out.logits, params, gen, config.tree_rule)
         with timer.phase("commit"):
             rows = [0] + [node + 1 for node in result.accepted]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
-DECODE_PHASES = ("draft", "verify", "commit")
+DECODE_PHASES = ("draft", "compile", "verify", "commit")  # top level; compile is bookkeeping, not drafting
 
 
 @dataclass
@@ -13,7 +13,7 @@ class GenerationRecord:
     new_tokens: list[int]
     prompt_tokens: int
     stop_reason: str  # "eos" | "length"
-    times: dict[str, float]  # seconds per phase: prefill, draft, verify, commit (+ tree_build, adapt)
+    times: dict[str, float]  # seconds per phase: prefill, draft, compile, verify, commit (+ tree_build, adapt inside draft)
     n_verify: int  # verify calls in the decode phase (prefill's token is not one)
     accept_lengths: list[int]  # accepted draft nodes per verify call, bonus excluded
     tree_sizes: list[int]  # drafted nodes per verify call

@@ -2,13 +2,13 @@
 with the ancestor-only mask, and compacts its KV cache to the accepted path.
 
 Cache invariant: ``self.length`` (P) tokens are in the KV cache; the bonus token b is committed
-but not cached. ``verify`` appends rows [b, nodes...] at P..P+N; ``commit(rows)`` keeps the
-chosen rows (row 0 = b) at P.. and drops the rest.
+but not cached. ``compile_tree`` turns a DraftTree into the verify inputs for rows [b, nodes...]
+at P..P+N (ids, depth positions, mask, on the device); ``verify`` runs them and appends those rows;
+``commit(rows)`` keeps the chosen rows (row 0 = b) at P.. and drops the rest.
 
-Self-speculation (DVI) splits the decoder at layer l: ``forward_shallow`` runs layers [0, l) on
-drafted tokens and appends their keys/values to those layers only; the next ``verify`` over exactly
-those tokens then runs layers [l, L) on the stored layer-l states (``verify_from_layer``) instead of
-the whole model. The shallow layers are the target's own, so the cache stays exact.
+The clock is an argument (``timer``), never an attribute: forwards are counted only where the
+engine passes its timer. Self-speculation over the first layers lives in ``split_verify``; its
+states reach ``verify`` only as the ``shallow`` argument.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import hashlib
 import inspect
 import os
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
@@ -25,11 +25,12 @@ import torch
 
 from specbench import kvcache
 from specbench.errors import SpecbenchError
-from specbench.timing import NullTimer, PhaseTimer
+from specbench.timing import NULL_TIMER, PhaseTimer
 from specbench.tree import DraftTree, verify_visibility
 
 if TYPE_CHECKING:
     from specbench.hub import Resolved
+    from specbench.split_verify import ShallowStates
 
 DEFAULT_TARGET = "smollm2-135m"
 ATTENTION = ("sdpa", "eager", "flash")  # --attn choices
@@ -65,38 +66,24 @@ def embedded_gguf(name: str) -> Path:
     return path
 
 
-SPLIT_MODEL_TYPES = ("llama", "qwen2", "qwen3")  # decoders whose layers the split hook runs one by one
-
-
-@dataclass
-class _ShallowRows:
-    """Drafted tokens run through layers [0, layer) only, with their layer-``layer`` states."""
-
-    layer: int
-    tokens: list[int] = field(default_factory=list)
-    hidden: list[torch.Tensor] = field(default_factory=list)
-
-    def covers(self, root: int, tree: DraftTree, taps: Sequence[int]) -> bool:
-        return (tree.is_chain and self.tokens == [root] + tree.token_list
-                and all(t < 0 or t >= self.layer for t in taps))
-
-
-@torch.inference_mode()
-def _truncate_layers(cache, length: int, upto: int) -> None:
-    """Drop cache entries past ``length`` in layers [0, upto) (both DynamicCache layouts)."""
-    if hasattr(cache, "layers"):
-        for layer in cache.layers[:upto]:
-            layer.keys, layer.values = layer.keys[:, :, :length], layer.values[:, :, :length]
-    else:  # transformers < 4.54
-        for i in range(upto):
-            cache.key_cache[i] = cache.key_cache[i][:, :, :length]
-            cache.value_cache[i] = cache.value_cache[i][:, :, :length]
-
-
 @dataclass
 class TargetOutput:
     logits: torch.Tensor  # [rows, V] (prefill: last row only)
     taps: dict[int, torch.Tensor]  # hidden_states index -> [rows, H]
+
+
+@dataclass(eq=False)
+class CompiledTree:
+    """What one verify forward needs for rows [root, nodes...], on the target's device
+    (``Target.compile_tree``). ``mask`` is None for a chain (plain causal attention); otherwise a
+    view of the target's reused buffer, valid until its next ``compile_tree``."""
+
+    tree: DraftTree
+    root: int
+    past: int  # the cache length it was compiled against
+    ids: torch.Tensor  # [1, N+1]
+    positions: torch.Tensor  # [1, N+1] absolute positions
+    mask: torch.Tensor | None  # additive [1, 1, N+1, past+N+1]
 
 
 def _load_gguf(path: Path, dtype: torch.dtype, attn_implementation: str, device_map: str | None = None):
@@ -234,9 +221,8 @@ class Target:
         self.max_context = getattr(cfg, "max_position_embeddings", None) or 2048
         self.attn_implementation = getattr(cfg, "_attn_implementation", None) or "eager"
         self.chain_attn: str | None = None  # see use_chain_attention
-        self._mask_buffer: torch.Tensor | None = None  # reused by every tree verify (see _tree_mask)
+        self._mask_buffer: torch.Tensor | None = None  # reused by every tree compile (see _tree_mask)
         self.eos_token_ids = self._eos_ids()
-        self.timer: PhaseTimer = NullTimer()
         self.source = None  # hub.Resolved when loaded by Target.load: files and commit sha
         self.chat = None  # prompts.ChatFormat: how prompts are rendered (None = the tokenizer's template)
         self._keep_kw = next((k for k in ("logits_to_keep", "num_logits_to_keep")
@@ -295,14 +281,13 @@ class Target:
     def reset(self) -> None:
         self.cache = self._cache_cls()
         self.length = 0
-        self._shallow: _ShallowRows | None = None  # drafted rows in layers [0, l) only, not yet verified
 
     def cache_length(self) -> int:
         return kvcache.seq_length(self.cache)
 
     # ---- forwards -----------------------------------------------------------------------
     def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor | None,
-                 taps: Sequence[int], keep_last: bool) -> TargetOutput:
+                 taps: Sequence[int], keep_last: bool, timer: PhaseTimer = NULL_TIMER) -> TargetOutput:
         kwargs = dict(input_ids=input_ids, position_ids=position_ids, past_key_values=self.cache, use_cache=True,
                       output_hidden_states=bool(taps))
         if mask is not None:
@@ -310,7 +295,7 @@ class Target:
         if keep_last and self._keep_kw:
             kwargs[self._keep_kw] = 1
         with torch.inference_mode(), self._attention(self.chain_attn if mask is None else None), \
-                self.timer.forward("target"):
+                timer.forward("target"):
             out = self.model(**kwargs)
         logits = out.logits[0]
         if keep_last:
@@ -332,31 +317,46 @@ class Target:
         self.length = n
         return out
 
-    def verify(self, root: int, tree: DraftTree, taps: Sequence[int] = ()) -> TargetOutput:
-        """One forward over rows [root, nodes...] with depth positions and the ancestor mask.
-
-        If ``forward_shallow`` already ran layers [0, l) on exactly [root, chain...], only layers
-        [l, L) run here (same logits; the shallow work was charged to the drafter)."""
-        if self.length + len(tree) + 1 > self.max_context:
+    def compile_tree(self, root: int, tree: DraftTree) -> CompiledTree:
+        """The verify inputs for rows [root, nodes...] after the cached prefix: ids, depth
+        positions and (for a tree) the additive ancestor-only mask, on the device, plus the
+        host-side child table the walk reads. The engine times this as its ``compile`` phase."""
+        q = len(tree) + 1
+        if self.length + q > self.max_context:
             raise SpecbenchError(f"generation ran past the target's context window ({self.max_context} tokens); "
                                  "lower --max-new-tokens")
-        shallow, self._shallow = self._shallow, None
-        if shallow is not None:
-            if shallow.covers(root, tree, taps):
-                return self.verify_from_layer(shallow.layer, torch.cat(shallow.hidden), tree, taps)
-            _truncate_layers(self.cache, self.length, shallow.layer)  # drafts not verified as drafted: run everything
-        q = len(tree) + 1
+        tree.children  # noqa: B018 - the walk's child table, built here for every method alike
         if tree.is_chain:  # plain causal attention: ids are the only host->device copy
             ids = torch.cat([torch.tensor([root]), tree.tokens]).to(self.device).unsqueeze(0)
             positions = torch.arange(self.length, self.length + q, device=self.device).unsqueeze(0)
-            return self._forward(ids, positions, None, taps, keep_last=False)
+            return CompiledTree(tree, root, self.length, ids, positions, None)
         # One host->device copy of [root, tokens..., parents...]; depths, positions and the mask
         # are derived on the device.
         packed = torch.cat([torch.tensor([root]), tree.tokens, tree.parents]).to(self.device)
         ids, parents = packed[:q].unsqueeze(0), packed[q:]
         visible = verify_visibility(parents)
         positions = (self.length + visible.sum(1) - 1).unsqueeze(0)  # row r sees the root and its ancestors
-        return self._forward(ids, positions, self._tree_mask(visible), taps, keep_last=False)
+        return CompiledTree(tree, root, self.length, ids, positions, self._tree_mask(visible))
+
+    def verify(self, compiled: CompiledTree, taps: Sequence[int] = (), timer: PhaseTimer = NULL_TIMER,
+               shallow: "ShallowStates | None" = None) -> TargetOutput:
+        """ONE forward over the compiled rows [root, nodes...]; appends their keys/values.
+
+        ``shallow``: states a drafter ran through the first layers (``split_verify``), handed over
+        explicitly; if they cover exactly these rows only the remaining layers run, otherwise they
+        are discarded and the whole model runs. Without them the split path is never taken."""
+        if compiled.past != self.length:
+            raise ValueError(f"tree compiled at cache length {compiled.past}, the cache holds {self.length}")
+        if shallow is not None:
+            from specbench import split_verify
+
+            if shallow.covers(compiled, taps):
+                return split_verify.verify_deep(self, compiled, shallow, taps, timer)
+            split_verify.discard(self, shallow)
+        if self.cache_length() != self.length:
+            raise ValueError("the cache holds rows past the committed prefix: hand the shallow states that wrote "
+                             "them to verify (shallow=...)")
+        return self._forward(compiled.ids, compiled.positions, compiled.mask, taps, keep_last=False, timer=timer)
 
     def _tree_mask(self, visible: torch.Tensor) -> torch.Tensor:
         """Additive [1, 1, q, P+q] mask: every row sees the cached prefix, and the tree columns
@@ -369,87 +369,6 @@ class Target:
         mask.zero_()
         mask[:, self.length:].masked_fill_(~visible, torch.finfo(self.dtype).min)
         return mask[None, None]
-
-    # ---- split at a layer (self-speculation) ----------------------------------------------
-    def check_split(self, layer: int) -> None:
-        """Raise a one-line SpecbenchError unless the target can be split at ``layer``."""
-        self._split_parts(layer)
-
-    def _split_parts(self, layer: int):
-        """(embed, layers, final norm) of a decoder this hook can run layer by layer."""
-        kind = getattr(self.config, "model_type", "")
-        if kind not in SPLIT_MODEL_TYPES:
-            raise SpecbenchError(f"splitting the target at a layer supports {', '.join(SPLIT_MODEL_TYPES)} decoders; "
-                                 f"this target is {kind or 'unknown'}")
-        if not 1 <= layer < self.num_layers:
-            raise SpecbenchError(f"split layer {layer} is out of range; use 1..{self.num_layers - 1} for this target")
-        inner = self.model.model
-        return inner.embed_tokens, inner.layers, inner.norm
-
-    def _causal_mask(self, past: int, q: int) -> torch.Tensor | None:
-        """Additive [1, 1, q, past+q] causal mask; None for one query row (it sees everything)."""
-        if q == 1:
-            return None
-        allowed = torch.ones(q, past + q, dtype=torch.bool, device=self.device).tril(diagonal=past)
-        mask = torch.zeros(q, past + q, dtype=self.dtype, device=self.device)
-        mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
-        return mask[None, None]
-
-    def _run_layers(self, hidden: torch.Tensor, start: int, layers, mask) -> list[torch.Tensor]:
-        """Run decoder ``layers`` on [q, H] rows at positions start.., appending to their caches
-        (each layer writes its own cache slot). Returns the input and every layer's output."""
-        x = hidden.unsqueeze(0)
-        positions = torch.arange(start, start + x.shape[1], device=self.device).unsqueeze(0)
-        rope = self.model.model.rotary_emb(x, position_ids=positions)
-        outs = [hidden]
-        for layer in layers:
-            x = layer(x, attention_mask=mask, position_ids=positions, past_key_values=self.cache, use_cache=True,
-                      position_embeddings=rope)
-            outs.append(x[0])
-        return outs
-
-    def forward_shallow(self, token_ids: Sequence[int], upto: int) -> torch.Tensor:
-        """Run layers [0, upto) on tokens that follow the cached prefix and any earlier shallow rows;
-        their keys/values go into those layers' cache only. Returns layer ``upto``'s input states
-        (HF ``hidden_states[upto]``), [n, H]. The next ``verify`` over exactly these tokens (a chain
-        rooted at the first) reuses them; any other verify discards them."""
-        embed, layers, _ = self._split_parts(upto)
-        ids = [int(t) for t in token_ids]
-        if not ids:
-            raise ValueError("forward_shallow needs at least one token")
-        shallow = self._shallow
-        if shallow is not None and shallow.layer != upto:
-            raise ValueError(f"shallow rows pending for layer {shallow.layer}, not {upto}")
-        start = self.length + (len(shallow.tokens) if shallow else 0)
-        if start + len(ids) > self.max_context:
-            raise SpecbenchError(f"generation ran past the target's context window ({self.max_context} tokens); "
-                                 "lower --max-new-tokens")
-        with torch.inference_mode(), self.timer.forward("drafter"):
-            x = embed(torch.tensor([ids], device=self.device))[0]
-            hidden = self._run_layers(x, start, layers[:upto], self._causal_mask(start, len(ids)))[-1]
-        self._shallow = shallow or _ShallowRows(upto)
-        self._shallow.tokens.extend(ids)
-        self._shallow.hidden.append(hidden)
-        return hidden
-
-    def verify_from_layer(self, layer: int, hidden: torch.Tensor, chain: DraftTree,
-                          taps: Sequence[int] = ()) -> TargetOutput:
-        """Verify a chain whose rows [root, nodes...] already ran through layers [0, layer)
-        (their keys/values are cached there): run layers [layer, L) on their layer-``layer``
-        states ``hidden`` [N+1, H]. Taps must be hidden_states indices >= ``layer`` (or -1)."""
-        _, layers, norm = self._split_parts(layer)
-        if not chain.is_chain or hidden.shape[0] != len(chain) + 1:
-            raise ValueError("verify_from_layer takes a chain and one state per row [root, nodes...]")
-        wanted = {i: (i if i >= 0 else self.num_layers + 1 + i) for i in taps}
-        if any(j < layer or j > self.num_layers for j in wanted.values()):
-            raise ValueError(f"taps {list(taps)} are not available above layer {layer}")
-        q = hidden.shape[0]
-        with torch.inference_mode(), self.timer.forward("target"):
-            outs = self._run_layers(hidden, self.length, layers[layer:], self._causal_mask(self.length, q))
-            final = norm(outs[-1])
-            logits = self.model.get_output_embeddings()(final)
-        states = outs[:-1] + [final]  # index j - layer = hidden_states[j]; the last entry is normed (HF)
-        return TargetOutput(logits, {i: states[j - layer] for i, j in wanted.items()})
 
     def commit(self, rows: Sequence[int]) -> None:
         """Keep verify rows ``rows`` (row 0 = the root b, row i+1 = node i), in order, at P.."""

@@ -24,6 +24,11 @@ def synchronize(device: torch.device | str | None) -> None:
 class PhaseTimer:
     """Accumulates wall time (ns) per phase name and counts model forwards per owner.
 
+    The engine creates one per generation and passes it explicitly (``Target.verify(timer=...)``,
+    ``DecodeState.timer``); nothing else owns a clock. Phases nest (a drafter's ``adapt`` inside the
+    engine's ``draft``): ``outer`` keeps the names that were opened at the top level, so
+    ``elapsed()`` sums wall time without counting a nested phase twice.
+
     ``ns`` / ``forward_ns`` are complete after ``resolve()`` (``seconds()`` resolves); forward
     counts are exact at any time."""
 
@@ -35,6 +40,8 @@ class PhaseTimer:
         self.forward_ns: dict[str, int] = defaultdict(int)
         self._pending: list[tuple[dict[str, int], str, object, object]] = []  # (totals, name, start, end)
         self._spare: list = []  # recycled CUDA events
+        self.outer: dict[str, None] = {}  # phases opened at the top level, in first-use order
+        self._depth = 0  # phases open right now
 
     def _event(self):
         if self._spare:
@@ -60,8 +67,16 @@ class PhaseTimer:
         finally:
             totals[name] += time.perf_counter_ns() - start
 
+    @contextmanager
     def phase(self, name: str):
-        return self._timed(self.ns, name)
+        if self._depth == 0:
+            self.outer.setdefault(name)
+        self._depth += 1
+        try:
+            with self._timed(self.ns, name):
+                yield
+        finally:
+            self._depth -= 1
 
     def forward(self, owner: str):
         """Time one model forward (``owner`` is "target" or "drafter")."""
@@ -78,20 +93,19 @@ class PhaseTimer:
             self._spare += (start, end)
         self._pending.clear()
 
-    def clear_forwards(self) -> None:
-        """Forget forward counts and times so far (the engine counts decode forwards only)."""
-        forward = self.forward_ns
-        self._pending = [entry for entry in self._pending if entry[0] is not forward]  # no synchronize
-        self.forward_calls.clear()
-        self.forward_ns.clear()
-
     def seconds(self) -> dict[str, float]:
         self.resolve()
         return {k: v / 1e9 for k, v in self.ns.items()}
 
+    def elapsed(self, exclude: tuple[str, ...] = ()) -> float:
+        """Seconds in top-level phases so far, less those named in ``exclude`` (resolves: on CUDA
+        one synchronize). E.g. a drafter's decode time of the turn: ``elapsed(exclude=("prefill",))``."""
+        seconds = self.seconds()
+        return sum(seconds.get(name, 0.0) for name in self.outer if name not in exclude)
+
 
 class NullTimer(PhaseTimer):
-    """A timer that records nothing (used outside the engine, e.g. in training)."""
+    """A timer that records nothing (the default wherever no clock is passed, e.g. in training)."""
 
     @contextmanager
     def phase(self, name: str):
@@ -100,3 +114,6 @@ class NullTimer(PhaseTimer):
     @contextmanager
     def forward(self, owner: str):
         yield
+
+
+NULL_TIMER = NullTimer()  # shared: it never records, so it holds no state

@@ -1,8 +1,10 @@
 """DraftTree: the one data structure every drafter hands to the engine.
 
 Nodes are stored in topological order (parent < child). The root is the bonus token b, which is
-*not* a node: first-level nodes have ``parent == -1`` and depth 1. Everything the verifier needs
-(ancestor mask, position offsets, child lookup) is derived here, once per tree.
+*not* a node: first-level nodes have ``parent == -1`` and depth 1. Structure (depths, ancestor
+mask, child lookup) is derived here, lazily; the engine's ``compile`` phase turns a tree into the
+verify inputs (``Target.compile_tree``: positions and mask on the device via ``verify_visibility``).
+Drafters build trees through the constructor and never write the derived fields.
 """
 
 from __future__ import annotations
@@ -10,8 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from specbench.split_verify import ShallowStates
 
 
 class SiblingKind(str, Enum):
@@ -53,6 +59,8 @@ class DraftTree:
              proposal, in target vocabulary, tempered and filtered exactly as sampled).
              Required for sampled kinds at temperature > 0.
     kind:    how siblings were chosen (one kind per tree).
+    shallow: states of [root, nodes...] a drafter already ran through the target's first layers
+             (``split_verify``); the engine hands them to ``Target.verify``. None for every other drafter.
     """
 
     tokens: torch.Tensor
@@ -61,6 +69,7 @@ class DraftTree:
     q: torch.Tensor | None = None
     kind: SiblingKind = SiblingKind.DETERMINISTIC
     meta: dict = field(default_factory=dict)
+    shallow: "ShallowStates | None" = None
 
     def __post_init__(self) -> None:
         self.tokens = torch.as_tensor(self.tokens, dtype=torch.long).reshape(-1).cpu()
@@ -81,12 +90,13 @@ class DraftTree:
         return cls(torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long))
 
     @classmethod
-    def chain(cls, tokens, q: torch.Tensor | None = None, kind: SiblingKind | None = None) -> "DraftTree":
+    def chain(cls, tokens, q: torch.Tensor | None = None, kind: SiblingKind | None = None,
+              shallow: "ShallowStates | None" = None) -> "DraftTree":
         tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
         parents = torch.arange(tokens.numel()) - 1
         if kind is None:
             kind = SiblingKind.DETERMINISTIC if q is None else SiblingKind.SAMPLED_IID
-        return cls(tokens, parents, q=q, kind=kind)
+        return cls(tokens, parents, q=q, kind=kind, shallow=shallow)
 
     # ---- derived structure --------------------------------------------------------------
     def __len__(self) -> int:
@@ -200,4 +210,5 @@ class DraftTree:
             q=None if self.q is None else self.q[idx],
             kind=self.kind,
             meta=dict(self.meta),
+            shallow=self.shallow,  # no longer covers the nodes: verify discards the shallow rows
         )

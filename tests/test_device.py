@@ -177,8 +177,8 @@ def test_cpu_phase_times_sum_within_wall_and_forwards_are_counted():
     record = generate(target, drafter, [3, 17, 5], GenerationConfig(max_new_tokens=20))
     wall = time.perf_counter() - start
     times = record.times
-    assert {"prefill", "draft", "verify", "commit"} <= set(times) and all(v > 0 for v in times.values())
-    top = times["prefill"] + times["draft"] + times["verify"] + times["commit"]
+    assert {"prefill", "draft", "compile", "verify", "commit"} <= set(times) and all(v > 0 for v in times.values())
+    top = times["prefill"] + times["draft"] + times["compile"] + times["verify"] + times["commit"]
     assert top <= wall
     assert record.forwards["target"] == record.n_verify  # decode forwards only (prefill cleared)
     assert record.forwards["drafter"] >= record.n_verify

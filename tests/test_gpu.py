@@ -164,8 +164,30 @@ def test_tree_mask_is_built_on_the_gpu_and_equals_the_host_mask():
         visible = verify_visibility(tree.parents.to(CUDA))
         assert visible.device.type == "cuda" and torch.equal(visible.cpu(), tree.verify_mask())
     target, drafter = on_cuda(tiny_target(1), RandomTreeDrafter(RandomTreeOptions(nodes=12, seed=2)))
-    generate(target, drafter, [5, 6, 7], GenerationConfig(max_new_tokens=8))
-    assert target._mask_buffer.device.type == "cuda"
+    record = generate(target, drafter, [5, 6, 7], GenerationConfig(max_new_tokens=8))
+    assert target._mask_buffer.device.type == "cuda" and record.times["compile"] > 0
+    tree = random_tree(9, target.vocab_size, gen, max_children=2)
+    compiled = target.compile_tree(5, tree)  # the engine's compile phase: everything verify needs, on the GPU
+    assert {compiled.ids.device.type, compiled.positions.device.type, compiled.mask.device.type} == {"cuda"}
+    assert torch.equal(compiled.positions[0].cpu(), target.length + tree.position_offsets())
+
+
+def test_split_verify_on_cuda_equals_a_full_forward():
+    from specbench.split_verify import ShallowStates, forward_shallow
+    from specbench.tree import DraftTree
+
+    target, _ = on_cuda(tiny_target(0, layers=4), VanillaDrafter())
+    prompt, drafts = [3, 17, 5, 42, 8, 11], [9, 30, 2]
+    target.prefill(prompt[:-1])
+    states = ShallowStates(2)
+    for token in [prompt[-1]] + drafts:
+        forward_shallow(target, states, [token])
+    out = target.verify(target.compile_tree(prompt[-1], DraftTree.chain(drafts)), taps=(2, -1), shallow=states)
+    with torch.no_grad():
+        ref = target.model(torch.tensor([prompt + drafts], device=CUDA), output_hidden_states=True)
+    rows = slice(len(prompt) - 1, None)
+    torch.testing.assert_close(out.logits, ref.logits[0, rows], atol=1e-4, rtol=0)
+    torch.testing.assert_close(out.taps[2], ref.hidden_states[2][0, rows], atol=1e-4, rtol=0)
 
 
 def test_flash_attention_chains_equal_sdpa():
@@ -198,8 +220,8 @@ def test_cuda_phase_times_are_positive_sum_within_wall_and_forwards_counted(name
     torch.cuda.synchronize()
     wall = time.perf_counter() - start
     times = record.times
-    assert {"prefill", "draft", "verify", "commit"} <= set(times) and all(v > 0 for v in times.values())
-    assert times["prefill"] + times["draft"] + times["verify"] + times["commit"] <= wall
+    assert {"prefill", "draft", "compile", "verify", "commit"} <= set(times) and all(v > 0 for v in times.values())
+    assert times["prefill"] + times["draft"] + times["compile"] + times["verify"] + times["commit"] <= wall
     assert record.forwards["target"] == record.n_verify > 0
     assert 0 < record.forward_times["target"] <= times["verify"]
     if name != "vanilla":

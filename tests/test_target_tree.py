@@ -9,6 +9,11 @@ from tiny import tiny_target
 PROMPT = [3, 17, 5, 42, 8, 11]
 
 
+def verify(target, root: int, tree: DraftTree, taps=()):
+    """The engine's compile + verify."""
+    return target.verify(target.compile_tree(root, tree), taps=taps)
+
+
 def causal_logits(model, ids: list[int]) -> torch.Tensor:
     with torch.no_grad():
         return model(torch.tensor([ids])).logits[0]
@@ -18,7 +23,7 @@ def test_chain_verify_equals_causal_forward():
     target = tiny_target(0)
     target.prefill(PROMPT[:-1])
     chain = DraftTree.chain([9, 30, 2, 7])
-    out = target.verify(PROMPT[-1], chain)
+    out = verify(target, PROMPT[-1], chain)
     ref = causal_logits(target.model, PROMPT + [9, 30, 2, 7])[len(PROMPT) - 1:]
     torch.testing.assert_close(out.logits, ref, atol=1e-4, rtol=0)
 
@@ -29,7 +34,7 @@ def test_random_tree_rows_equal_causal_forward_over_their_paths():
     for _ in range(5):
         tree = random_tree(12, target.vocab_size, gen)
         target.prefill(PROMPT[:-1])
-        out = target.verify(PROMPT[-1], tree, taps=(1, -1))
+        out = verify(target, PROMPT[-1], tree, taps=(1, -1))
         ref_root = causal_logits(target.model, PROMPT)[-1]
         torch.testing.assert_close(out.logits[0], ref_root, atol=1e-4, rtol=0)
         for node in range(len(tree)):
@@ -46,7 +51,7 @@ def test_commit_compacts_cache_to_a_fresh_prefill():
     deepest = max(range(len(tree)), key=lambda i: int(tree.depths[i]))
     path = tree.path_to(deepest)
     target.prefill(PROMPT[:-1])
-    target.verify(PROMPT[-1], tree)
+    verify(target, PROMPT[-1], tree)
     target.commit([0] + [n + 1 for n in path])
     committed = PROMPT + [tree.token_list[n] for n in path]
     fresh = tiny_target(2)
@@ -57,8 +62,8 @@ def test_commit_compacts_cache_to_a_fresh_prefill():
         torch.testing.assert_close(ours.values, theirs.values, atol=2e-5, rtol=0)
     # Decoding continues exactly as after a fresh prefill.
     nxt = DraftTree.chain([4, 5])
-    a = target.verify(13, nxt).logits
-    b = fresh.verify(13, nxt).logits
+    a = verify(target, 13, nxt).logits
+    b = verify(fresh, 13, nxt).logits
     torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
 
 
