@@ -1,7 +1,7 @@
 """The core knows no method: no code under specbench/ names one or imports the methods package.
 
 Names and strings count; comments and docstrings (which may explain a protocol with its paper) do not.
-Files still being moved out of the core are listed in PENDING."""
+"""
 
 from __future__ import annotations
 
@@ -13,13 +13,11 @@ from pathlib import Path
 
 CORE = Path(__file__).resolve().parents[1] / "specbench"
 METHOD = re.compile(r"specblock|eagle|medusa|dflash|ddtree|pacer|dvi", re.IGNORECASE)
-PENDING = ("report.py", "report_figures.py", "report/", "training/cli.py")
 TEXT_TOKENS = {tokenize.NAME, tokenize.STRING} | ({tokenize.FSTRING_MIDDLE} if hasattr(tokenize, "FSTRING_MIDDLE") else set())
 
 
 def core_files() -> list[Path]:
-    return [p for p in sorted(CORE.rglob("*")) if p.is_file() and "__pycache__" not in p.parts
-            and not p.relative_to(CORE).as_posix().startswith(PENDING)]
+    return [p for p in sorted(CORE.rglob("*")) if p.is_file() and "__pycache__" not in p.parts]
 
 
 def documentation(tree: ast.AST) -> set[tuple[int, int]]:
