@@ -61,8 +61,10 @@ def histogram_series(records: Sequence[GenerationRecord]) -> dict[str, dict[int,
 
 def stages(records: Sequence[GenerationRecord]) -> list[str]:
     """The stages of decode time the records have: draft_fwd (drafting minus the drafter's own
-    sub-phases), those sub-phases, then the other decode phases."""
-    return ["draft_fwd", *metrics.draft_subphases(records)] + [p for p in DECODE_PHASES if p != "draft"]
+    sub-phases), those sub-phases, then the other decode phases that any record timed (records made
+    before the engine timed ``compile`` have none)."""
+    timed = [p for p in DECODE_PHASES if p != "draft" and any(p in r.times for r in records)]
+    return ["draft_fwd", *metrics.draft_subphases(records)] + timed
 
 
 def stage_colors(names: Sequence[str]) -> dict[str, str]:
