@@ -258,12 +258,22 @@ def list_presets() -> None:
 
 @list_app.command("methods")
 def list_methods() -> None:
-    """Registered drafting methods (entry-point group specbench.methods)."""
-    from specbench.drafter import available_methods
+    """Registered drafting methods (entry-point group specbench.methods): what each is called in
+    reports, what it ablates, and the `specbench train` command that makes its weights."""
+    from specbench.drafter import available_methods, method_class
+    from specbench.training.plugin import registered_trainers, trainer_of
 
-    table = Table("method", "implementation")
+    command_of = {trainer: command for command, trainer in registered_trainers().items()}
+    table = Table("method", "label", "ablation of", "train", "implementation")
     for name, where in available_methods().items():
-        table.add_row(name, where)
+        try:
+            cls = method_class(name)
+        except Exception as exc:  # a broken third-party plugin: say so, list the others
+            table.add_row(name, f"[red]fails to import: {escape(str(exc))}[/red]", "", "", where)
+            continue
+        trainer = trainer_of(cls)
+        table.add_row(name, cls.label or name, cls.ablation_of or "",
+                      f"specbench train {command_of[trainer]}" if trainer in command_of else "", where)
     console.print(table)
 
 

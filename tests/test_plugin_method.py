@@ -122,7 +122,9 @@ def test_toy_plugin_lists_trains_runs_and_reports(models, tmp_path):
     plugin = install_toy(tmp_path / "site")
     prompts = prompt_file(tmp_path)
 
-    assert "toy" in specbench(["list", "methods"], plugin, tmp_path).split()
+    listed = specbench(["list", "methods"], plugin, tmp_path)
+    toy_row = next(line for line in listed.splitlines() if line.strip("│ ").startswith("toy "))
+    assert "specbench train toy" in toy_row  # the table says which command trains it
 
     out = specbench(["train", "toy", "--target", models["target"], "--prompts", prompts, "--limit", "6",
                      "--max-new-tokens", "12", "--batch-size", "2", "--max-length", "64", "--rank", "4",
