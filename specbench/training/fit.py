@@ -12,6 +12,7 @@ import torch
 import typer
 
 from specbench.training.checks import prompt_file
+from specbench.training.learning_curve import curve_points, read_log, write_learning_curve
 from specbench.training.model_card import write_model_card
 from specbench.training.trainer import Recipe, Trainer
 
@@ -99,6 +100,9 @@ def fit(module, loss_fn, items: list, batches: Batches, save: Callable[[Path], N
     if world.main:
         folder = Path(out) / "drafter"
         (folder / "eval.json").write_text(json.dumps(final, indent=2) + "\n")
+        # Logs written before tokens were counted: the mean tokens per step stands in.
+        per_step = recipe.extra.get("train_response_tokens", 0) * recipe.epochs / max(final.get("steps", 0), 1)
+        write_learning_curve(folder, curve_points(read_log(trainer.log_path), per_step or None))
         card(folder, final)
         typer.echo(f"held-out: {json.dumps(final)}; {saved} in {folder}")
     return final

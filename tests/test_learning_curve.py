@@ -1,0 +1,79 @@
+"""Learning curves: the trainer counts the loss-bearing tokens it trained on (across a resume), and
+the drafter folder gets every held-out evaluation against them as CSV, PNG and a model-card section."""
+
+import json
+
+from methods.sps_student import build_student, distillation_loss
+from specbench.training.features import iterate_batches
+from specbench.training.learning_curve import (curve_points, curve_section, plateau, read_curve, read_log,
+                                               write_learning_curve)
+from specbench.training.trainer import Recipe, Trainer
+from test_training import examples
+from tiny import tiny_target
+
+
+def test_tokens_are_counted_per_step_and_survive_a_resume(tmp_path):
+    target = tiny_target(0, layers=2)
+    data = examples(target, 4)
+    expected_per_epoch = sum(len(e["response_ids"]) for e in data)
+    student = build_student(target, [0])
+    recipe = Recipe(lr=1e-3, epochs=2, batch_size=2, max_length=64, eval_every=1, save_every=1)
+    batches = lambda epoch: iterate_batches(target, data, [-1], 2, 64, seed=epoch)
+    held_out = lambda: iterate_batches(target, data[:2], [-1], 2, 64, shuffle=False)
+    Trainer(student, lambda b: distillation_loss(student, b), recipe, tmp_path / "run",
+            save=lambda f: None).fit(batches, 2, held_out)
+    more = Recipe(**{**recipe.__dict__, "epochs": 3})  # resumed: the count goes on from the checkpoint
+    Trainer(student, lambda b: distillation_loss(student, b), more, tmp_path / "run",
+            save=lambda f: None).fit(batches, 2, held_out)
+
+    log = read_log(tmp_path / "run" / "train_log.jsonl")
+    steps = [e for e in log if "loss" in e]
+    assert [e["step"] for e in steps] == list(range(1, 7))
+    assert steps[1]["tokens"] == expected_per_epoch and steps[-1]["tokens"] == 3 * expected_per_epoch
+    points = curve_points(log)
+    assert [p["step"] for p in points] == list(range(1, 7))
+    assert [p["tokens"] for p in points] == [e["tokens"] for e in steps]
+    assert not any(p["tokens_estimated"] for p in points) and all("tau_proxy" in p for p in points)
+
+
+def test_old_logs_estimate_tokens_and_a_rerun_step_keeps_its_last_evaluation():
+    log = [{"step": 100, "loss": 3.0}, {"step": 100, "eval": {"tau_proxy": 1.2, "acc_1": 0.2}},
+           {"step": 200, "eval": {"tau_proxy": 1.4, "acc_1": 0.3}},
+           {"step": 200, "eval": {"tau_proxy": 1.5, "acc_1": 0.3}}]  # resumed and evaluated again
+    points = curve_points(log, tokens_per_step=250.0)
+    assert [(p["step"], p["tokens"], p["tau_proxy"]) for p in points] == [(100, 25000, 1.2), (200, 50000, 1.5)]
+    assert all(p["tokens_estimated"] for p in points)
+    assert curve_points(log)[0]["tokens"] is None  # nothing to estimate from: no x value rather than a wrong one
+
+
+def test_curve_files_and_card_section(tmp_path):
+    rising = [{"step": s, "tokens": 1000 * s, "tokens_estimated": False, "tau_proxy": 1 + 0.1 * s, "acc_1": 0.1}
+              for s in range(1, 10)]
+    csv_path, png_path = write_learning_curve(tmp_path, rising)
+    assert png_path.stat().st_size > 1000 and png_path.read_bytes()[:4] == b"\x89PNG"
+    back = read_curve(tmp_path)
+    assert [(p["step"], p["tokens"], p["tau_proxy"]) for p in back] == [(p["step"], p["tokens"], p["tau_proxy"])
+                                                                          for p in rising]
+    section = "\n".join(curve_section(tmp_path))
+    assert "Held-out tau_proxy" in section and "still improving" in section and "| 9 | 9,000 | 1.900 |" in section
+    flat = [{**p, "tau_proxy": 2.0} for p in rising]
+    assert plateau(flat, "tau_proxy").startswith("plateaued")
+    # A pre-verifier's curve follows its AUC.
+    auc = [{"step": s, "tokens": s, "tokens_estimated": False, "auc": 0.5 + 0.01 * s, "loss": 1.0} for s in (1, 2)]
+    write_learning_curve(tmp_path, auc)
+    assert "Held-out auc" in "\n".join(curve_section(tmp_path))
+    assert curve_section(tmp_path / "missing") == []
+
+
+def test_trained_drafter_folder_has_its_curve(models, tmp_path, capsys, monkeypatch):
+    from test_cli import cli
+    from test_train_cli import common
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    code, _, err = cli(["train", "sps-student", "--layers", "0", *common(models, tmp_path, tmp_path / "s")], capsys)
+    assert code == 0, err
+    folder = tmp_path / "s" / "drafter"
+    points = read_curve(folder)
+    assert [p["step"] for p in points] == [3] and points[0]["tokens"] > 0
+    assert json.loads((folder / "eval.json").read_text())["steps"] == 3
+    assert "## Learning curve" in (folder / "README.md").read_text() and (folder / "learning_curve.png").is_file()
