@@ -6,7 +6,9 @@ time with the final code and the shipped drafters (fp32 on CPU, so every method'
     python bench/reference_set.py --only main --bench humaneval
 
 Runs are grouped so that every claim of the papers is decided inside one file, where its sides were
-interleaved prompt by prompt in one process (see `specbench/orderings.py`). Before each run the machine
+interleaved prompt by prompt in one process (see `specbench/orderings.py`). The drafters are the ones
+under `drafters/<target>/` (or `$SPECBENCH_DRAFTERS/<target>/`), the ablations' included; remove the old
+records from results/ first. Before each run the machine
 must be idle: the script waits (up to --wait minutes) until the 1-minute load average falls below
 --max-load, and refuses to start beside another specbench process.
 """

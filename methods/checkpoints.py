@@ -4,6 +4,7 @@ naming the method, architecture and target) or a method's published layout (conf
 
 from __future__ import annotations
 
+import os
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Callable, Sequence, TypeVar
@@ -17,6 +18,15 @@ from specbench.training.checkpoint import (load_drafter, load_state_exactly, rea
 Model = TypeVar("Model", bound=torch.nn.Module)
 KEY_WORDS = ("lacks keys:", "has keys this loader does not map:")  # what check_keys says of missing / extra keys
 SHOWN_KEYS = 8  # key names listed in one error line
+PACKAGED_DRAFTERS = Path(__file__).resolve().parent.parent / "drafters"
+
+
+def shipped_drafter(target_name: str, name: str) -> Path:
+    """The default folder of drafter ``name`` for a target: ``<root>/<target>/<name>``, where root is
+    ``$SPECBENCH_DRAFTERS`` when set (drafters trained elsewhere, e.g. a retraining run, replace the
+    checkout's whole set) and the checkout's ``drafters/`` otherwise."""
+    root = os.environ.get("SPECBENCH_DRAFTERS")
+    return (Path(root).expanduser() if root else PACKAGED_DRAFTERS) / Path(target_name).name / name
 
 
 def load_ours_or_published(folder: str | Path, target, method: str, ours: Callable[[dict, dict], Model],

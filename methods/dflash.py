@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from methods.checkpoints import check_layer_shapes, load_checked, load_ours_or_published, save_ours
+from methods.checkpoints import check_layer_shapes, load_checked, load_ours_or_published, save_ours, shipped_drafter
 from methods.layers import KV, DecoderLayer, LayerShapes, RMSNorm, Rotary, official_layer_shapes, target_layer_shapes
 from specbench.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
@@ -42,7 +42,6 @@ from specbench.training.checkpoint import CONFIG, architecture, read_weights
 from specbench.tree import DraftTree, SiblingKind
 
 METHOD = "dflash"
-SHIPPED_DIR = Path(__file__).resolve().parent.parent / "drafters"  # drafters/<target name>/dflash
 OFFICIAL_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 OFFICIAL_IGNORED = ("*rotary_emb.inv_freq",)  # derived from config
 DECAY_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}  # loss decay per block size (SpecForge's published settings)
@@ -399,7 +398,7 @@ class DFlashDrafter(Drafter):
         self.taps = self.model.taps
 
     def _folder(self, target: Target) -> Path:
-        shipped = SHIPPED_DIR / target.name / METHOD
+        shipped = shipped_drafter(target.name, METHOD)
         folder = self.resolve_weights("path", shipped, f"{self.name} needs a DFlash drafter for target {target.name!r} "
                                       f"({{path}} does not exist); train one with `specbench train dflash` or pass "
                                       "--opt path=FOLDER_OR_HUB_ID")

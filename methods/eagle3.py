@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from methods.checkpoints import check_layer_shapes, load_checked, load_ours_or_published, save_ours
+from methods.checkpoints import check_layer_shapes, load_checked, load_ours_or_published, save_ours, shipped_drafter
 from methods.layers import (KV, DecoderLayer, LayerShapes, RMSNorm, Rotary, official_layer_shapes, repeat_kv,
                             target_layer_shapes)
 from specbench.drafter import DecodeState, Drafter, VerifyResult
@@ -38,7 +38,6 @@ from specbench.training.batch import TrainBatch
 from specbench.training.checkpoint import CONFIG, architecture, config_value, read_weights
 from specbench.tree import DraftTree, SiblingKind
 
-SHIPPED_DIR = Path(__file__).resolve().parent.parent / "drafters"
 # The official loader (SafeAILab/EAGLE ea_model.py) tries pytorch_model.bin first, then model.safetensors.
 OFFICIAL_WEIGHTS = ("pytorch_model.bin", "model.safetensors")
 # Official keys we deliberately drop: the embedding is the target's; inv_freq is derived from config.
@@ -393,7 +392,7 @@ class Eagle3Drafter(Drafter):
     def setup(self, target: Target) -> None:
         super().setup(target)
         if self.model is None:
-            shipped = SHIPPED_DIR / target.name / "eagle3"
+            shipped = shipped_drafter(target.name, "eagle3")
             path = self.resolve_weights("path", shipped, f"eagle3 needs a drafter folder for target {target.name!r} "
                                         f"({{path}} does not exist); pass --opt path=FOLDER_OR_HUB_ID (ours or the "
                                         "official EAGLE-3 layout)")

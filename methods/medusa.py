@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from methods.checkpoints import check_keys, load_checked, load_ours_or_published, save_ours
+from methods.checkpoints import check_keys, load_checked, load_ours_or_published, save_ours, shipped_drafter
 from specbench.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
 from specbench.target import Target
@@ -36,7 +36,6 @@ from specbench.tree import DraftTree, SiblingKind
 METHOD = "medusa"
 OFFICIAL_WEIGHTS = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 MEDUSA_KEY_WORDS = ("is missing", "has keys that map to nothing:")  # how key errors have always read for Medusa
-SHIPPED_DIR = Path(__file__).resolve().parent.parent / "drafters"  # drafters/<target name>/medusa
 
 # Data, reproduced exactly as published in FasterDecoding/Medusa:medusa/model/medusa_choices.py
 # (``mc_sim_7b_63``): 63 rank paths, depth <= 4; path (i_1..i_d) = rank-i_d token of head d-1.
@@ -387,7 +386,7 @@ class MedusaDrafter(Drafter):
         self.skeleton = TreeSkeleton.build(self.choices, heads.num_heads, self.topk, target.device)
 
     def _folder(self, target: Target) -> Path:
-        shipped = SHIPPED_DIR / target.name / METHOD
+        shipped = shipped_drafter(target.name, METHOD)
         folder = self.resolve_weights("path", shipped, f"medusa needs trained heads for target {target.name!r}: pass "
                                       f"--opt path=FOLDER_OR_HUB_ID; {{path}} does not exist")
         if not (folder / "config.json").is_file():

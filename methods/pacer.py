@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from methods.checkpoints import shipped_drafter
 from methods.sps import SpSDrafter
 from specbench import kvcache
 from specbench.drafter import DecodeState
@@ -38,7 +38,6 @@ from specbench.target import Target, resolve_dtype
 from specbench.training.checkpoint import check_target, load_drafter, save_drafter, target_fingerprint
 
 METHOD = "pacer"
-DRAFTERS = Path(__file__).resolve().parent.parent / "drafters"
 
 
 # ---- the pre-verification layer ---------------------------------------------------------------
@@ -310,7 +309,7 @@ class PacerDrafter(SpSDrafter):
     def setup(self, target: Target) -> None:
         super().setup(target)
         if self.mb is None:
-            shipped = DRAFTERS / Path(target.name).name / self.shipped
+            shipped = shipped_drafter(target.name, self.shipped)
             folder = self.resolve_weights("pacer", shipped, f"{self.name}: no pre-verification layer at {{path}}; train "
                                           "one with `specbench train pacer --out DIR` and pass --opt pacer=DIR/drafter")
             if not (folder / "config.json").is_file():

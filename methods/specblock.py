@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
 from methods.eagle3 import select_nodes
+from methods.checkpoints import shipped_drafter
 from methods.specblock_checkpoint import load_specblock
 from methods.specblock_model import NUM_BUCKETS, KV, SpecBlockModel, rank_to_bucket
 from methods.specblock_train import block1_mask
@@ -38,8 +38,6 @@ from specbench.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
 from specbench.target import Target, TargetOutput
 from specbench.tree import DraftTree, SiblingKind
-
-SHIPPED_DIR = Path(__file__).resolve().parent.parent / "drafters"
 
 
 @dataclass
@@ -111,7 +109,7 @@ class SpecBlockDrafter(Drafter):
     def setup(self, target: Target) -> None:
         super().setup(target)
         if self.model is None:
-            shipped = SHIPPED_DIR / target.name / self.weights_name
+            shipped = shipped_drafter(target.name, self.weights_name)
             variant = self.variant()
             command = "specbench train specblock" + (f" --variant {variant}" if variant != "full" else "")
             path = self.resolve_weights("path", shipped, f"{self.name} needs a drafter folder for target {target.name!r} "

@@ -9,7 +9,6 @@ rejection sampling against the residual (rule C with one child per node).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -20,10 +19,10 @@ from specbench.target import Target, load_located, locate_model, resolve_dtype
 from specbench.training.checkpoint import read_drafter_config
 from specbench.tree import DraftTree, SiblingKind
 from specbench.verify import draw, logits_to_probs
+from methods.checkpoints import shipped_drafter
 from methods.sps_student import is_student, load_student
 
 # Draft models shipped with the project, per embedded target name.
-SHIPPED_DRAFTS = {"smollm2-135m": Path(__file__).resolve().parent.parent / "drafters" / "smollm2-135m" / "sps"}
 
 
 @dataclass
@@ -94,8 +93,9 @@ class SpSDrafter(Drafter):
         if self.model is None and self.options.draft.startswith("truncated:"):
             self.model, self.tokenizer = truncated_copy(target, self.options.draft), target.tokenizer
         elif self.model is None:
-            spec = self.options.draft or str(SHIPPED_DRAFTS.get(target.name, ""))
-            if not spec or (spec == str(SHIPPED_DRAFTS.get(target.name)) and not Path(spec).exists()):
+            shipped = shipped_drafter(target.name, "sps")
+            spec = self.options.draft or str(shipped)
+            if not self.options.draft and not shipped.exists():
                 raise SpecbenchError(f"sps needs a draft model for target {target.name!r}; pass --opt draft=PATH_OR_HUB_ID "
                                      "(same tokenizer as the target)")
             dtype = resolve_dtype(self.options.dtype or target.dtype)

@@ -22,3 +22,26 @@ def test_each_drafter_is_small_and_documented(folder):
     config = json.loads((folder / "config.json").read_text())
     assert config["target"]["name"] == folder.parent.name
     assert (folder / "README.md").is_file() and (folder / "model.safetensors").is_file()
+
+
+def test_drafter_root_can_be_moved_with_an_environment_variable(tmp_path, monkeypatch):
+    from methods.checkpoints import PACKAGED_DRAFTERS, shipped_drafter
+
+    monkeypatch.delenv("SPECBENCH_DRAFTERS", raising=False)
+    assert shipped_drafter("smollm2-135m", "eagle3") == PACKAGED_DRAFTERS / "smollm2-135m" / "eagle3"
+    monkeypatch.setenv("SPECBENCH_DRAFTERS", str(tmp_path))  # e.g. a retraining run's output folder
+    assert shipped_drafter("smollm2-135m", "specblock-no-shift") == tmp_path / "smollm2-135m" / "specblock-no-shift"
+
+
+def test_every_default_drafter_is_looked_up_under_the_moved_root(tmp_path, monkeypatch):
+    from methods.eagle3 import Eagle3Drafter
+    from methods.sps import SpSDrafter
+    from specbench.errors import SpecbenchError
+    from tiny import tiny_target
+
+    monkeypatch.setenv("SPECBENCH_DRAFTERS", str(tmp_path))
+    target = tiny_target(0)
+    with pytest.raises(SpecbenchError, match=str(tmp_path / target.name / "eagle3")):
+        Eagle3Drafter().setup(target)
+    with pytest.raises(SpecbenchError, match="--opt draft="):  # no shipped draft under the moved root
+        SpSDrafter().setup(target)
