@@ -36,6 +36,30 @@ def test_tokens_are_counted_per_step_and_survive_a_resume(tmp_path):
     assert not any(p["tokens_estimated"] for p in points) and all("tau_proxy" in p for p in points)
 
 
+def test_a_run_resumed_from_a_checkpoint_without_a_token_count_logs_none(tmp_path):
+    import torch
+
+    target = tiny_target(0, layers=2)
+    data = examples(target, 4)
+    student = build_student(target, [0])
+    recipe = Recipe(lr=1e-3, epochs=1, batch_size=2, max_length=64, eval_every=1, save_every=1)
+    batches = lambda epoch: iterate_batches(target, data, [-1], 2, 64, seed=epoch)
+    held_out = lambda: iterate_batches(target, data[:2], [-1], 2, 64, shuffle=False)
+    Trainer(student, lambda b: distillation_loss(student, b), recipe, tmp_path / "run",
+            save=lambda f: None).fit(batches, 2, held_out)
+    state_path = tmp_path / "run" / "trainer_state.pt"
+    state = torch.load(state_path, weights_only=False)
+    del state["tokens"]  # as written by a trainer that did not count tokens yet
+    torch.save(state, state_path)
+    (tmp_path / "run" / "train_log.jsonl").write_text("")
+    more = Recipe(**{**recipe.__dict__, "epochs": 2})
+    Trainer(student, lambda b: distillation_loss(student, b), more, tmp_path / "run",
+            save=lambda f: None).fit(batches, 2, held_out)
+    log = read_log(tmp_path / "run" / "train_log.jsonl")
+    assert [e["step"] for e in log if "loss" in e] == [3, 4] and not any("tokens" in e for e in log)
+    assert all(p["tokens_estimated"] for p in curve_points(log, tokens_per_step=10.0))
+
+
 def test_old_logs_estimate_tokens_and_a_rerun_step_keeps_its_last_evaluation():
     log = [{"step": 100, "loss": 3.0}, {"step": 100, "eval": {"tau_proxy": 1.2, "acc_1": 0.2}},
            {"step": 200, "eval": {"tau_proxy": 1.4, "acc_1": 0.3}},

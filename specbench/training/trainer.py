@@ -120,8 +120,8 @@ class Trainer:
             return
         tmp = self.state_path.with_suffix(".tmp")
         # RNG states too, so the steps after a resume draw what an uninterrupted run would have drawn.
-        torch.save({"step": self.step, "tokens": self.tokens, "module": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
-                    "recipe": asdict(self.recipe), "rng": self._rng_state()},
+        torch.save({"step": self.step, "tokens": self.tokens, "module": self.module.state_dict(),
+                    "optimizer": self.optimizer.state_dict(), "recipe": asdict(self.recipe), "rng": self._rng_state()},
                    tmp)
         tmp.replace(self.state_path)
 
@@ -151,8 +151,13 @@ class Trainer:
             raise SpecbenchError(f"{self.state_path} cannot be resumed from ({type(exc).__name__}); delete it to "
                                  "start over or pass a new --out") from None
         self.step = state["step"]
-        self.tokens = state.get("tokens", 0)
+        # A checkpoint from before tokens were counted: unknown from here on (the learning curve then
+        # estimates every point from its step rather than mixing two scales).
+        self.tokens = state.get("tokens")
         return state.get("rng")
+
+    def _tokens(self) -> dict:
+        return {} if self.tokens is None else {"tokens": self.tokens}
 
     def _log(self, entry: dict) -> None:
         if not self.world.main:
@@ -225,7 +230,8 @@ class Trainer:
                     loss.backward()
                     shown = float(loss.detach())
                     # Data parallel: every rank takes its share of one global batch, so ours x ranks.
-                    self.tokens += round(batch_weight(batch) * (self.world.size if self.world.active else 1))
+                    if self.tokens is not None:
+                        self.tokens += round(batch_weight(batch) * (self.world.size if self.world.active else 1))
                     if self.world.active:  # data parallel: the gradient and metrics of the global batch
                         weight = batch_weight(batch)
                         self._sync_grads(weight)
@@ -235,14 +241,13 @@ class Trainer:
                     self.optimizer.step()
                     scheduler.step()
                     self.step += 1
-                    self._log({"step": self.step, "tokens": self.tokens, "epoch": epoch, "lr": scheduler.get_last_lr()[0],
+                    self._log({"step": self.step, **self._tokens(), "epoch": epoch, "lr": scheduler.get_last_lr()[0],
                                "grad_norm": float(norm), "elapsed_s": round(time.time() - start, 1),
                                **{k: float(v) for k, v in metrics.items()}})
                     progress.update(task, advance=1, loss=f"loss {shown:.3f}")
                     if eval_batches and self.world.main and (self.step % r.eval_every == 0 or self.step == total):
                         self.module.eval()
-                        self._log({"step": self.step, "tokens": self.tokens,
-                                   "eval": evaluate(self.loss_fn, eval_batches())})
+                        self._log({"step": self.step, **self._tokens(), "eval": evaluate(self.loss_fn, eval_batches())})
                     if self.step % r.save_every == 0:
                         self._checkpoint()
                     if interrupt.requested():  # Ctrl-C / SIGTERM: keep this step, stop; rerunning resumes here
