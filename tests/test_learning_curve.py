@@ -12,19 +12,27 @@ from test_training import examples
 from tiny import tiny_target
 
 
-def test_tokens_are_counted_per_step_and_survive_a_resume(tmp_path):
+def student_run(tmp_path):
+    """A tiny distillation run in tmp_path/run: train(epochs) trains (resuming) up to that many epochs."""
     target = tiny_target(0, layers=2)
     data = examples(target, 4)
-    expected_per_epoch = sum(len(e["response_ids"]) for e in data)
     student = build_student(target, [0])
-    recipe = Recipe(lr=1e-3, epochs=2, batch_size=2, max_length=64, eval_every=1, save_every=1)
     batches = lambda epoch: iterate_batches(target, data, [-1], 2, 64, seed=epoch)
     held_out = lambda: iterate_batches(target, data[:2], [-1], 2, 64, shuffle=False)
-    Trainer(student, lambda b: distillation_loss(student, b), recipe, tmp_path / "run",
-            save=lambda f: None).fit(batches, 2, held_out)
-    more = Recipe(**{**recipe.__dict__, "epochs": 3})  # resumed: the count goes on from the checkpoint
-    Trainer(student, lambda b: distillation_loss(student, b), more, tmp_path / "run",
-            save=lambda f: None).fit(batches, 2, held_out)
+
+    def train(epochs):
+        recipe = Recipe(lr=1e-3, epochs=epochs, batch_size=2, max_length=64, eval_every=1, save_every=1)
+        Trainer(student, lambda b: distillation_loss(student, b), recipe, tmp_path / "run",
+                save=lambda f: None).fit(batches, 2, held_out)
+
+    return data, train
+
+
+def test_tokens_are_counted_per_step_and_survive_a_resume(tmp_path):
+    data, train = student_run(tmp_path)
+    expected_per_epoch = sum(len(e["response_ids"]) for e in data)
+    train(2)
+    train(3)  # resumed: the count goes on from the checkpoint
 
     log = read_log(tmp_path / "run" / "train_log.jsonl")
     steps = [e for e in log if "loss" in e]
@@ -39,22 +47,14 @@ def test_tokens_are_counted_per_step_and_survive_a_resume(tmp_path):
 def test_a_run_resumed_from_a_checkpoint_without_a_token_count_logs_none(tmp_path):
     import torch
 
-    target = tiny_target(0, layers=2)
-    data = examples(target, 4)
-    student = build_student(target, [0])
-    recipe = Recipe(lr=1e-3, epochs=1, batch_size=2, max_length=64, eval_every=1, save_every=1)
-    batches = lambda epoch: iterate_batches(target, data, [-1], 2, 64, seed=epoch)
-    held_out = lambda: iterate_batches(target, data[:2], [-1], 2, 64, shuffle=False)
-    Trainer(student, lambda b: distillation_loss(student, b), recipe, tmp_path / "run",
-            save=lambda f: None).fit(batches, 2, held_out)
+    _, train = student_run(tmp_path)
+    train(1)
     state_path = tmp_path / "run" / "trainer_state.pt"
     state = torch.load(state_path, weights_only=False)
     del state["tokens"]  # as written by a trainer that did not count tokens yet
     torch.save(state, state_path)
     (tmp_path / "run" / "train_log.jsonl").write_text("")
-    more = Recipe(**{**recipe.__dict__, "epochs": 2})
-    Trainer(student, lambda b: distillation_loss(student, b), more, tmp_path / "run",
-            save=lambda f: None).fit(batches, 2, held_out)
+    train(2)
     log = read_log(tmp_path / "run" / "train_log.jsonl")
     assert [e["step"] for e in log if "loss" in e] == [3, 4] and not any("tokens" in e for e in log)
     assert all(p["tokens_estimated"] for p in curve_points(log, tokens_per_step=10.0))
