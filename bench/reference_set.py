@@ -23,6 +23,8 @@ import sys
 import time
 from pathlib import Path
 
+from specbench.machine_load import load_average
+
 BENCHES = ("mt_bench", "humaneval", "math500", "natural_questions", "wmt23", "alpaca")
 TARGET = "smollm2-135m"
 
@@ -87,7 +89,7 @@ def wait_until_idle(max_load: float, wait_minutes: float) -> float:
     deadline = time.time() + 60 * wait_minutes
     while True:
         others = other_specbench_processes()
-        load = os.getloadavg()[0]
+        load = (load_average() or [0.0])[0]
         if not others and load < max_load:
             return load
         if time.time() > deadline:

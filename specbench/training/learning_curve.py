@@ -25,15 +25,14 @@ def read_log(path: str | Path) -> list[dict]:
 
 
 def curve_points(entries: list[dict], tokens_per_step: float | None = None) -> list[dict]:
-    """One point per held-out evaluation: step, training tokens seen (logged, else step x the mean
-    tokens per step), and the logged eval figures. A resumed run's repeated steps keep the last entry."""
-    tokens_at = {e["step"]: e["tokens"] for e in entries if "tokens" in e and "eval" not in e}
+    """One point per held-out evaluation: step, training tokens seen (logged with it, else step x the
+    mean tokens per step), and the logged eval figures. A resumed run's repeated steps keep the last entry."""
     points: dict[int, dict] = {}
     for e in entries:
         if "eval" not in e:
             continue
         step = e["step"]
-        tokens = tokens_at.get(step)
+        tokens = e.get("tokens")  # logged with the evaluation by trainers that count tokens
         estimated = tokens is None
         if estimated and tokens_per_step:
             tokens = round(step * tokens_per_step)
