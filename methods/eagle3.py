@@ -230,9 +230,9 @@ class Eagle3Model(nn.Module):
         restricted to the draft vocabulary. A position counts iff that predicted token is a real
         response token (loss_mask, attention_mask) and the target's argmax lies in the draft vocab.
         Returns (loss, {"loss", "acc_1".."acc_steps"}), acc = top-1 agreement with the target."""
-        full = batch.target_logits()
-        restricted = full[..., self.t2d].float()
-        in_vocab = self.t2d[full.argmax(-1)]
+        in_vocab, restricted = batch.draft_vocab_targets(self.t2d)
+        # p* and its argmax once for all unroll steps (each step reads a shifted slice of them).
+        p_all, top_all = restricted.softmax(-1), restricted.argmax(-1)
         wanted = (batch.loss_mask > 0) & (batch.attention_mask > 0)
         features = self.features(batch.taps)
         total = torch.zeros((), device=features.device)
@@ -242,13 +242,13 @@ class Eagle3Model(nn.Module):
             if n <= 0:
                 metrics[f"acc_{s + 1}"] = 0.0
                 continue
-            p_star = restricted[:, 1 + s: 1 + s + n].softmax(-1)
+            p_star = p_all[:, 1 + s: 1 + s + n]
             mask = (wanted[:, 2 + s: 2 + s + n] & in_vocab[:, 1 + s: 1 + s + n]).float()
             logq = self.logits(hidden[:, :n]).float().log_softmax(-1)
             count = mask.sum().clamp(min=1.0)
             total = total + decay ** s * -((p_star * logq).sum(-1) * mask).sum() / count
             with torch.no_grad():
-                agree = (logq.argmax(-1) == p_star.argmax(-1)).float()
+                agree = (logq.argmax(-1) == top_all[:, 1 + s: 1 + s + n]).float()
                 metrics[f"acc_{s + 1}"] = float((agree * mask).sum() / count)
         metrics["loss"] = float(total.detach())
         return total, metrics

@@ -85,9 +85,7 @@ class SpecBlockLoss:
         if training:
             self.step += 1
         m, k = self.model, self.model.K
-        logits_t = batch.target_logits()
-        in_vocab = m.t2d[logits_t.argmax(-1)]  # [B, T]
-        restricted = logits_t[..., m.t2d]  # [B, T, V_d]
+        in_vocab, restricted = batch.draft_vocab_targets(m.t2d)  # [B, T], [B, T, V_d]
         wanted = (batch.loss_mask > 0) & (batch.attention_mask > 0)
         b, t = batch.input_ids.shape
         device = batch.input_ids.device

@@ -60,6 +60,22 @@ def test_train_eagle3_then_run_it(models, tmp_path, capsys, monkeypatch):
     lossless(target, Eagle3Drafter(Eagle3Options(path=str(folder), depth=2, top_k=3, total_tokens=8)))
 
 
+def test_train_eagle3_in_bf16_taps_a_bf16_target_and_keeps_fp32_weights(models, tmp_path, capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    code, out, err = cli(["train", "eagle3", "--draft-vocab", "512", "--steps", "2", "--dtype", "bfloat16",
+                          *common(models, tmp_path, tmp_path / "e", "deep")], capsys)
+    assert code == 0, err
+    folder = assert_trained(tmp_path / "e")
+    recipe = json.loads((folder / "config.json").read_text())["recipe"]
+    assert recipe["dtype"] == "bfloat16" and recipe["extra"]["target_dtype"] == "bfloat16"
+    state = torch.load(tmp_path / "e" / "trainer_state.pt", weights_only=False)
+    assert {v.dtype for k, v in state["module"].items() if v.is_floating_point()} == {torch.float32}
+    target = Target.load(models["deep"], "float32")
+    lossless(target, Eagle3Drafter(Eagle3Options(path=str(folder), depth=2, top_k=3, total_tokens=8)))
+
+
 def test_train_medusa_then_run_it(models, tmp_path, capsys, monkeypatch):
     from methods.medusa import MedusaDrafter, MedusaOptions
 

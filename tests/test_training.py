@@ -58,6 +58,30 @@ def test_feature_cache_returns_what_was_computed(tmp_path):
     assert int(token_counts(data, target.vocab_size).sum()) == sum(len(e["response_ids"]) for e in data)
 
 
+def test_feature_cache_keys_the_target_dtype_and_keeps_fp32_keys(tmp_path):
+    import hashlib
+
+    fp32 = FeatureCache(tmp_path, [1], 64)
+    bf16 = FeatureCache(tmp_path, [1], 64, torch.bfloat16)
+    assert fp32._path("ex0") != bf16._path("ex0")
+    # Caches filled before the dtype was part of the key stay valid for fp32 runs.
+    assert fp32._path("ex0").stem == hashlib.sha256(b"ex0|[-1, 1]|64").hexdigest()[:20]
+
+
+def test_draft_vocab_targets_match_the_full_logits():
+    from specbench.training.batch import TrainBatch
+
+    gen = torch.Generator().manual_seed(0)
+    lm_head = torch.nn.Linear(16, 40, bias=False)
+    taps = {-1: torch.randn(3, 5, 16, generator=gen)}
+    batch = TrainBatch(torch.zeros(3, 5, dtype=torch.long), torch.ones(3, 5), torch.ones(3, 5), taps, lm_head)
+    t2d = torch.rand(40, generator=gen) < 0.3
+    in_vocab, restricted = batch.draft_vocab_targets(t2d)
+    full = batch.target_logits()
+    assert torch.equal(in_vocab, t2d[full.argmax(-1)])
+    torch.testing.assert_close(restricted, full[..., t2d])
+
+
 def test_student_distillation_loss_falls_and_resume_continues(tmp_path):
     target = tiny_target(0, layers=4)
     data = examples(target, 8)

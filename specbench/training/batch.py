@@ -33,6 +33,23 @@ class TrainBatch:
         with torch.no_grad():
             return self.lm_head(h.to(self.lm_head.weight.dtype)).float()
 
+    def draft_vocab_targets(self, t2d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(in_vocab [B, T]: the target's argmax lies in the draft vocabulary, the target logits over
+        the draft vocabulary [B, T, V_d] fp32) for a bool mask ``t2d`` over the target vocabulary.
+        One row at a time, so the full-vocabulary logits (V = 49k) never exist for the whole batch."""
+        in_vocab, restricted = [], []
+        for row in range(self.taps[-1].shape[0]):
+            full = self.target_logits_of_row(row)
+            in_vocab.append(t2d[full.argmax(-1)])
+            restricted.append(full[..., t2d].float())
+        return torch.stack(in_vocab), torch.stack(restricted)
+
+    def target_logits_of_row(self, row: int) -> torch.Tensor:
+        """One row's target logits [T, V] in the lm_head's compute dtype (bf16 under autocast)."""
+        h = self.taps[-1][row]
+        with torch.no_grad():
+            return self.lm_head(h.to(self.lm_head.weight.dtype))
+
     def to(self, device: torch.device | str) -> "TrainBatch":
         return TrainBatch(self.input_ids.to(device), self.attention_mask.to(device), self.loss_mask.to(device),
                           {k: v.to(device) for k, v in self.taps.items()}, self.lm_head, dict(self.meta))

@@ -41,17 +41,20 @@ def target_taps(target: Target, ids: torch.Tensor, attn: torch.Tensor, taps: Seq
 
 
 class FeatureCache:
-    """Per-example fp16 taps on disk, keyed by example id, tap set and truncation length (pays
-    off from epoch 2)."""
+    """Per-example fp16 taps on disk, keyed by example id, tap set, truncation length and the
+    dtype the target ran in (pays off from epoch 2)."""
 
-    def __init__(self, folder: str | Path, taps: Sequence[int], max_length: int) -> None:
+    def __init__(self, folder: str | Path, taps: Sequence[int], max_length: int,
+                 target_dtype: torch.dtype = torch.float32) -> None:
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.taps = sorted(set(taps) | {-1})
         self.max_length = max_length
+        # fp32 keys stay as before, so caches filled by earlier runs remain valid.
+        self.key_suffix = "" if target_dtype == torch.float32 else f"|{target_dtype}"
 
     def _path(self, example_id: str) -> Path:
-        key = hashlib.sha256(f"{example_id}|{self.taps}|{self.max_length}".encode()).hexdigest()[:20]
+        key = hashlib.sha256(f"{example_id}|{self.taps}|{self.max_length}{self.key_suffix}".encode()).hexdigest()[:20]
         return self.folder / f"{key}.safetensors"
 
     def get(self, example_id: str) -> dict[int, torch.Tensor] | None:

@@ -54,8 +54,10 @@ def load_data(target, prompts: Optional[str], data_dir: Optional[str], limit: Op
 
 
 def training_data(options):
-    """(target in fp32 (training precision), data file, greedy answers regenerated if missing)."""
-    t = load_target(options.target, "float32", options.device)
+    """(target, data file, greedy answers regenerated if missing). The frozen target runs in the
+    training dtype: under ``--dtype bfloat16`` its taps come from a bf16 forward (4-5x faster on
+    CPUs with AMX and on GPUs) and are cast to fp32 for the drafter."""
+    t = load_target(options.target, getattr(options, "dtype", "float32"), options.device)
     data_file, examples = load_data(t, options.prompts, options.data_dir, options.limit, options.max_new_tokens, 8,
                                     0.0, options.max_prompt_tokens)
     torch.manual_seed(0)  # the same initial drafter on every run of a command, so a rerun continues the same run
@@ -92,6 +94,9 @@ def fit(module, loss_fn, items: list, batches: Batches, save: Callable[[Path], N
     recipe.extra.update({"data": str(data_file), "train_examples": len(trains), "eval_examples": len(evals),
                          **(describe(trains, evals) if describe else {})})
     note_processes(recipe)
+    for p in module.parameters():  # trained weights and their optimizer state stay fp32 (bf16 is autocast)
+        if p.requires_grad and p.dtype != torch.float32:
+            p.data = p.data.float()
     trainer = Trainer(module, loss_fn, recipe, out, save=save)
     world = trainer.world
     bs = recipe.batch_size
@@ -116,7 +121,9 @@ def fit_features(target, examples: list[dict], module, loss_fn, taps: list[int],
     from specbench.training.features import FeatureCache, iterate_batches
 
     length = recipe.max_length
-    cache = FeatureCache(cache_dir() / "features" / data_file.stem, taps, length) if options.cache_features else None
+    recipe.extra["target_dtype"] = str(target.dtype).removeprefix("torch.")
+    cache = (FeatureCache(cache_dir() / "features" / data_file.stem, taps, length, target.dtype)
+             if options.cache_features else None)
 
     def batches(items, epoch, world):
         if epoch is None:

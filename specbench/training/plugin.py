@@ -57,8 +57,9 @@ class TrainOptions:
     held_out: float = option(0.05, "Share of examples kept for evaluation.", fraction=True)
     cache_features: bool = option(True, "Cache target taps to disk (fp16) after the first epoch.")
     max_prompt_tokens: int = option(512, "Skip prompts longer than this (rendered).", min=1)
-    dtype: str = option("float32", "float32, or bfloat16 (autocast; the weights and optimizer state stay fp32; "
-                                   "~2x faster on CPUs with native bf16 and on GPUs).")
+    dtype: str = option("float32", "float32, or bfloat16: the frozen target's taps come from a bf16 forward and "
+                                   "the drafter trains under autocast (its weights and optimizer state stay fp32); "
+                                   "several times faster on CPUs with native bf16 and on GPUs.")
     device: str = option("auto", "auto (cuda if available, else cpu), cpu, cuda or cuda:N.")
 
 
