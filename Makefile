@@ -8,7 +8,7 @@ export SPECBENCH_DATA ?= $(abspath ../shared/datasets)
 SRC     := PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}
 GPU_METHODS ?=
 
-.PHONY: setup test test-fast bench report run clean gpu-check reference
+.PHONY: setup test test-fast bench report run clean gpu-check reference drafters
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -39,6 +39,10 @@ gpu-check:
 
 run:
 	$(VENV)/bin/specbench run --method sps --bench humaneval --limit 3 --max-new-tokens 64 --out results/quickstart.jsonl
+
+# Retrain every shipped drafter (hours of CPU; resumable; `bench/train_drafters.py --install` ships them).
+drafters:
+	$(PY) bench/train_drafters.py
 
 # The reference set behind results/ (hours of CPU, one run at a time on an idle machine; resumable).
 reference:

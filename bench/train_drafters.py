@@ -1,0 +1,95 @@
+"""The recipes behind the shipped drafters: one `specbench train` command per drafter, run one after
+another, each resumable from its checkpoint (`trainer_state.pt`, every 50 steps).
+
+    python bench/train_drafters.py --list                  # the plan, one command per line
+    python bench/train_drafters.py                         # train what is not finished (resumes)
+    python bench/train_drafters.py --only eagle3 --only specblock
+    python bench/train_drafters.py --install               # copy finished drafters into drafters/<target>/
+
+All drafters train on the target's answers to the same 8,100 ShareGPT prompts (the regenerated
+answers ship in training_data/), 3% held out. The order matters once: PACER's pre-verifier is
+trained on the SpS student trained before it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+TARGET = "smollm2-135m"
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ["--limit", "8100", "--max-new-tokens", "256", "--held-out", "0.03"]
+# Feature-based trainers: 384-token sequences; bf16: the frozen target's taps come from a bf16 forward and
+# the drafter trains under autocast (fp32 weights). (PACER packs replayed steps and replays in fp32.)
+FAST = ["--epochs", "1", "--dtype", "bfloat16", "--max-length", "384"]
+# SpecBlock keeps the paper's 2 target-shaped layers; a 1,024-token head keeps it under 20 MiB.
+SPECBLOCK = ["specblock", *FAST, "--draft-vocab", "1024", "--rank-hidden", "128"]
+
+
+def recipes(runs: Path) -> dict[str, list[str]]:
+    """drafter name (its folder under drafters/<target>/) -> `specbench train` arguments, in run order."""
+    return {
+        "eagle3": ["eagle3", *FAST, "--draft-vocab", "4096"],
+        "specblock": SPECBLOCK,
+        "dflash": ["dflash", *FAST],
+        "sps": ["sps-student", *FAST],
+        "medusa": ["medusa", *FAST],
+        "pacer": ["pacer", "--draft", str(runs / "sps" / "drafter"), "--epochs", "2"],
+        "pacer-no-pos": ["pacer", "--draft", str(runs / "sps" / "drafter"), "--epochs", "2",
+                         "--no-position-embedding"],
+        "specblock-no-broadcast": [*SPECBLOCK, "--variant", "no-broadcast"],
+        "specblock-no-shift": [*SPECBLOCK, "--variant", "no-shift"],
+        "specblock-no-valid-prefix": [*SPECBLOCK, "--variant", "no-valid-prefix"],
+    }
+
+
+def finished(runs: Path, name: str) -> bool:
+    return (runs / name / "drafter" / "learning_curve.csv").is_file()
+
+
+def install(runs: Path, name: str) -> Path:
+    """Replace drafters/<target>/<name> with the finished run's drafter folder."""
+    dest = ROOT / "drafters" / TARGET / name
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(runs / name / "drafter", dest)
+    return dest
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "drafters",
+                        help="folder of the training runs (one subfolder per drafter: log, checkpoint, drafter)")
+    parser.add_argument("--only", action="append", help="train only these drafters")
+    parser.add_argument("--list", action="store_true", help="print the plan and exit")
+    parser.add_argument("--install", action="store_true", help="copy the finished drafters into drafters/ and exit")
+    args = parser.parse_args()
+    runs = args.runs.resolve()
+    plan = recipes(runs)
+    unknown = sorted(set(args.only or []) - set(plan))
+    if unknown:
+        sys.exit(f"train_drafters: unknown drafter {unknown[0]!r}; choose from {', '.join(plan)}")
+    for name, argv in plan.items():
+        if args.only and name not in args.only:
+            continue
+        full = ["train", *argv, "--target", TARGET, *DATA, "--out", str(runs / name)]
+        if args.list:
+            print(shlex.join(["specbench", *full]))
+        elif args.install:
+            print(f"{name}: {install(runs, name)}" if finished(runs, name) else f"{name}: not finished, skipped")
+        elif finished(runs, name):
+            print(f"{name}: finished, skipped")
+        else:
+            print(f"[{time.strftime('%H:%M:%S')}] {shlex.join(['specbench', *full])}", flush=True)
+            code = subprocess.call([sys.executable, "-m", "specbench.cli", *full])
+            if code:
+                sys.exit(f"train_drafters: {name} stopped with exit code {code}; rerun to resume it")
+
+
+if __name__ == "__main__":
+    main()

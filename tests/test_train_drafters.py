@@ -1,0 +1,56 @@
+"""The retraining plan behind the shipped drafters: one recipe per drafter the methods load by default,
+every flag one its trainer takes, all on the same data, PACER after the SpS student it reads."""
+
+import importlib.util
+from pathlib import Path
+
+from specbench.training.plugin import option_fields, registered_trainers
+
+SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "train_drafters.py"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("train_drafters", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def flags_of(trainer) -> set[str]:
+    out = set()
+    for f in option_fields(trainer):
+        flag = "--" + f.name.replace("_", "-")
+        out |= {flag, "--no-" + f.name.replace("_", "-")}
+    return out
+
+
+def test_every_shipped_drafter_has_a_recipe_its_trainer_accepts(tmp_path):
+    module = load_script()
+    plan = module.recipes(tmp_path)
+    shipped = {p.name for p in (SCRIPT.parent.parent / "drafters" / module.TARGET).iterdir() if p.is_dir()}
+    assert shipped <= set(plan)
+    assert {"specblock-no-broadcast", "specblock-no-shift", "specblock-no-valid-prefix"} <= set(plan)
+    trainers = registered_trainers()
+    for name, argv in plan.items():
+        command, rest = argv[0], argv[1:] + module.DATA
+        assert command in trainers, name
+        accepted = flags_of(trainers[command])
+        assert {a for a in rest if a.startswith("--")} <= accepted, name
+    names = list(plan)
+    assert names.index("sps") < names.index("pacer") and str(tmp_path / "sps" / "drafter") in plan["pacer"]
+
+
+def test_install_replaces_a_drafter_folder_only_when_finished(tmp_path, monkeypatch):
+    module = load_script()
+    monkeypatch.setattr(module, "ROOT", tmp_path)
+    run = tmp_path / "runs" / "eagle3" / "drafter"
+    run.mkdir(parents=True)
+    (run / "model.safetensors").write_bytes(b"new")
+    assert not module.finished(tmp_path / "runs", "eagle3")
+    (run / "learning_curve.csv").write_text("tokens,tau_proxy\n")
+    old = tmp_path / "drafters" / module.TARGET / "eagle3"
+    old.mkdir(parents=True)
+    (old / "stale.json").write_text("{}")
+    assert module.finished(tmp_path / "runs", "eagle3")
+    dest = module.install(tmp_path / "runs", "eagle3")
+    assert dest == old and (dest / "model.safetensors").read_bytes() == b"new" and not (dest / "stale.json").exists()
