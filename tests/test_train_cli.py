@@ -2,6 +2,9 @@
 data, train, save a drafter folder with a model card, and run it through the engine."""
 
 import json
+import math
+
+import pytest
 
 from methods.eagle3 import Eagle3Drafter, Eagle3Options
 from methods.sps import SpSDrafter, SpSOptions
@@ -74,6 +77,19 @@ def test_train_eagle3_in_bf16_taps_a_bf16_target_and_keeps_fp32_weights(models, 
     assert {v.dtype for k, v in state["module"].items() if v.is_floating_point()} == {torch.float32}
     target = Target.load(models["deep"], "float32")
     lossless(target, Eagle3Drafter(Eagle3Options(path=str(folder), depth=2, top_k=3, total_tokens=8)))
+
+
+@pytest.mark.parametrize("command", [["sps-student", "--layers", "0,1"], ["medusa", "--heads", "2"],
+                                     ["dflash", "--layers", "1", "--block-size", "4", "--draft-vocab", "64"]],
+                         ids=lambda c: c[0])
+def test_feature_trainers_train_on_a_bf16_target(command, models, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    code, out, err = cli(["train", *command, "--dtype", "bfloat16", *common(models, tmp_path, tmp_path / "o", "deep")],
+                         capsys)
+    assert code == 0, err
+    folder = assert_trained(tmp_path / "o")
+    assert json.loads((folder / "config.json").read_text())["recipe"]["extra"]["target_dtype"] == "bfloat16"
+    assert math.isfinite(json.loads((folder / "eval.json").read_text())["loss"])
 
 
 def test_train_medusa_then_run_it(models, tmp_path, capsys, monkeypatch):
