@@ -186,6 +186,11 @@ class RunStore:
             raise SpecbenchError(f"{self.path} was written with other weights ({', '.join(changed)}: "
                                  f"{before.get(changed[0])} then, {now.get(changed[0])} now); pin the same revisions "
                                  "or write to a new --out")
+        then, here = getattr(self, "existing", {}).get("hardware"), environment.get("hardware")
+        if not self.fresh and then and here and then != here:
+            # One file's timings are compared side by side; two machines in it would be compared as one.
+            raise SpecbenchError(f"{self.path} was started on {then}, and this machine is {here}; finish it there, "
+                                 "or write to a new --out (--overwrite starts it again here)")
         self.meta.update(environment)
         if self.fresh:
             self._write({"type": "header", "meta": self.meta})

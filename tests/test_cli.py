@@ -105,6 +105,24 @@ def test_resume_with_other_config_is_refused(models, tmp_path, capsys):
     assert code == 2 and "different configuration" in err
 
 
+def test_resume_on_another_machine_is_refused(models, tmp_path, capsys, monkeypatch):
+    """One file's sides are compared as if timed on one machine: a resume elsewhere would mix two."""
+    import specbench.results as results
+
+    out = tmp_path / "r.jsonl"
+    args = base_args(models, out)
+    args[args.index("--limit") + 1] = "1"
+    assert cli(args, capsys)[0] == 0
+    before = out.read_text()
+    monkeypatch.setattr(results, "_cpu_model", lambda: "Some Other CPU")
+    args[args.index("--limit") + 1] = "2"
+    code, _, err = cli(args + ["--resume"], capsys)
+    assert code == 2 and "was started on" in err and "Some Other CPU" in err, err
+    assert out.read_text() == before
+    monkeypatch.undo()
+    assert cli(args + ["--resume"], capsys)[0] == 0  # back on the first machine it continues
+
+
 @pytest.mark.parametrize("extra,needle", [
     (["--method", "spss"], "did you mean 'sps'"),
     (["--bench", "humanevl"], "did you mean 'humaneval'"),
