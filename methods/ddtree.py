@@ -95,6 +95,7 @@ class DDTreeDrafter(DFlashDrafter):
     name = METHOD
     label = "DDTree"
     Options = DDTreeOptions
+    budget_option = "budget"
 
     def __init__(self, options: DDTreeOptions | None = None, model=None) -> None:
         super().__init__(options, model)

@@ -355,6 +355,7 @@ class MedusaDrafter(Drafter):
     label = "Medusa"
     Options = MedusaOptions
     weight_options = ("path",)
+    budget_option = "max_nodes"
     trainer = "methods.medusa_train:MedusaTrainer"
     taps = (-1,)  # the final-norm output that lm_head reads
 

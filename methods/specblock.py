@@ -84,6 +84,7 @@ class SpecBlockDrafter(Drafter):
     Options = SpecBlockOptions
     weights_name = "specblock"  # shipped folder under drafters/<target>/
     weight_options = ("path",)
+    budget_option = "budget"
     trainer = "methods.specblock_trainer:SpecBlockTrainer"
     # What `specbench train specblock --variant` changes to train this class's weights (SpecBlockConfig
     # fields; ``valid_prefix`` for the loss): the variants' one declaration.

@@ -109,6 +109,9 @@ def run(
     also: list[str] = typer.Option([], "--also", help="Another method in the same run: name or name@key=value[@key=value] (repeatable)."),
     passes: int = typer.Option(1, help="Repeat the query stream N times (drafters that learn keep their state)."),
     repeats: int = typer.Option(1, help="Generate and time each prompt turn R times per side (same tokens required); metrics use the median."),
+    budget: Optional[int] = typer.Option(None, help="Drafted nodes per verify call for every side whose method has a "
+                                                    "node-budget option (`specbench list methods` names it); a side's "
+                                                    "own setting wins."),
     preset: Optional[str] = typer.Option(None, help="Run a paper preset instead (= `specbench reproduce PRESET`; --out is its folder)."),
     dry_run: bool = typer.Option(False, help="With --preset: print the plan, load no model."),
     target_revision: Optional[str] = typer.Option(None, help="Hub revision of --target (branch, tag or commit sha)."),
@@ -137,7 +140,7 @@ def run(
                     overwrite=overwrite, warmup=warmup, sweep=sweep, also=list(also), passes=passes,
                     target_revision=target_revision, chat_template=chat_template,
                     chat_template_kwargs=parse_template_kwargs(list(chat_template_kwargs)),
-                    repeats=repeats)
+                    repeats=repeats, budget=budget)
     runner = Runner(cfg, err)
     records = runner.run()
     if not runner.world.main:
@@ -264,15 +267,16 @@ def list_methods() -> None:
     from specbench.training.plugin import registered_trainers, trainer_of
 
     command_of = {trainer: command for command, trainer in registered_trainers().items()}
-    table = Table("method", "label", "ablation of", "train", "implementation")
+    table = Table("method", "label", "ablation of", "--budget B sets", "train", "implementation")
     for name, where in available_methods().items():
         try:
             cls = method_class(name)
         except Exception as exc:  # a broken third-party plugin: say so, list the others
-            table.add_row(name, f"[red]fails to import: {escape(str(exc))}[/red]", "", "", where)
+            table.add_row(name, f"[red]fails to import: {escape(str(exc))}[/red]", "", "", "", where)
             continue
         trainer = trainer_of(cls)
-        table.add_row(name, cls.label or name, cls.ablation_of or "",
+        budget = "" if cls.budget_option is None else cls.budget_option + ("=B+1" if cls.budget_counts_root else "=B")
+        table.add_row(name, cls.label or name, cls.ablation_of or "", budget,
                       f"specbench train {command_of[trainer]}" if trainer in command_of else "", where)
     console.print(table)
 

@@ -93,6 +93,19 @@ class Drafter:
     family: ClassVar[str] = ""
     ablation_of: ClassVar[str | None] = None
 
+    # The option that caps the drafted nodes one verify call checks (`specbench run --budget B` sets it
+    # on every side that has one, so methods are compared at one node budget); ``budget_counts_root``:
+    # the option counts verify rows, the root included (B + 1). None: the method has no such knob.
+    budget_option: ClassVar[str | None] = None
+    budget_counts_root: ClassVar[bool] = False
+
+    @classmethod
+    def budget_options(cls, budget: int) -> dict[str, str]:
+        """The options that give this method a budget of ``budget`` drafted nodes per verify ({}: none)."""
+        if cls.budget_option is None:
+            return {}
+        return {cls.budget_option: str(budget + 1 if cls.budget_counts_root else budget)}
+
     @classmethod
     def report_names(cls) -> dict:
         """The header's ``methods`` entry for a side of this method: registered name, label, family, ablation_of."""

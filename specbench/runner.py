@@ -77,6 +77,7 @@ class RunConfig:
     chat_template: str = "auto"  # auto | tokenizer | vicuna_v1.1 | plain (prompts.TEMPLATES)
     chat_template_kwargs: dict = field(default_factory=dict)  # passed to apply_chat_template
     repeats: int = 1  # times each prompt turn is generated and timed per side (the median one is reported)
+    budget: int | None = None  # drafted nodes per verify for every side with a budget option (Drafter.budget_option)
 
     @property
     def method_label(self) -> str:
@@ -97,6 +98,8 @@ class RunConfig:
                 ident[key] = getattr(self, key)
         if self.repeats != 1:  # only then, so files written before --repeats existed keep their hash
             ident["repeats"] = self.repeats
+        if self.budget is not None:
+            ident["budget"] = self.budget
         return ident
 
 
@@ -148,6 +151,9 @@ def run_sides(cfg: RunConfig) -> list[Side]:
     else:
         sides = [Side(cfg.method_label, cfg.method, dict(cfg.options))]
     sides += [parse_also(a) for a in cfg.also]
+    if cfg.budget is not None:  # a side's own setting of its budget option wins
+        sides = [Side(s.label, s.method, {**method_class(s.method).budget_options(cfg.budget), **s.options})
+                 for s in sides]
     labels = [s.label for s in sides] + ([BASELINE] if cfg.baseline == BASELINE else [])
     dupes = sorted({label for label in labels if labels.count(label) > 1})
     if dupes and not (len(sides) == 1 and sides[0].method == BASELINE):
@@ -176,6 +182,8 @@ def validate(cfg: RunConfig) -> None:
         raise SpecbenchError(f"--device-map must be one of {', '.join(DEVICE_MAPS)} (got {cfg.device_map!r})")
     if cfg.repeats < 1:
         raise SpecbenchError(f"--repeats must be >= 1 (got {cfg.repeats})")
+    if cfg.budget is not None and cfg.budget < 1:
+        raise SpecbenchError(f"--budget must be >= 1 drafted node (got {cfg.budget})")
     if cfg.on_long_prompt not in ("skip", "fail"):
         raise SpecbenchError(f"--on-long-prompt must be 'skip' or 'fail' (got {cfg.on_long_prompt!r})")
     try:

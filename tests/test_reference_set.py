@@ -28,6 +28,7 @@ def test_plan_covers_every_bench_method_and_claim():
     for out, argv in runs:
         assert argv[:1] == ["run"] and "--resume" in argv and argv[argv.index("--dtype") + 1] == "float32"
         assert argv[argv.index("--max-new-tokens") + 1] == "128" and argv[argv.index("--out") + 1] == out
+        assert argv[argv.index("--budget") + 1] == "16"  # every tree method at one node budget
         assert {s.split("@")[0] for s in sides(argv)} <= set(available_methods())
     t0 = [argv for out, argv in runs if out.endswith("_T0.jsonl") and "mixed" not in out]
     for bench in ("mt_bench", "humaneval", "math500", "natural_questions", "wmt23", "alpaca"):

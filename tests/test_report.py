@@ -198,6 +198,15 @@ def test_provenance_on_every_table(full: Path, tmp_path: Path):
         for needle in ("a.jsonl, b.jsonl", "humaneval 3, math500 3, mt_bench 3", "AMD EPYC 9B14 (2 threads)",
                        "seed 0", "git abc1234"):
             assert needle in text.replace(r"\_", "_"), (path.name, needle)
+        assert "node budget None" not in text and "node budget ?" not in text  # only --budget runs name one
+
+
+def test_provenance_names_the_node_budget(tmp_path: Path):
+    from specbench.report.records import load_result_files
+    from specbench.report.tables import provenance_lines
+
+    path = write_jsonl(tmp_path / "b.jsonl", vanilla_records() + method_records("sps"), budget=16)
+    assert "node budget 16; git abc1234" in provenance_lines(load_result_files(path))[0]
 
 
 def test_torn_last_line_tolerated(tmp_path: Path):

@@ -26,7 +26,8 @@ def _bench_groups(benches: Sequence[str], lead: Sequence[str]) -> tuple[list[str
 
 
 def provenance_lines(files: Sequence[ResultFile]) -> list[str]:
-    """One line per block: result files, prompts per bench, hardware, dtype, seed, git sha."""
+    """One line per block: result files, prompts per bench, hardware, dtype, seed, node budget (runs made
+    with ``--budget``), git sha."""
     lines = []
     for block, group in sorted(files_by_block(files).items()):
         prompts: dict[str, set] = {}
@@ -42,7 +43,8 @@ def provenance_lines(files: Sequence[ResultFile]) -> list[str]:
         lines.append(f"{block_label(block)}: files {', '.join(sorted(f.path.name for f in group))}; "
                      f"prompts per bench: {per_bench}; hardware {meta('hardware')}; device {meta('device')}; "
                      f"dtype {meta('dtype')}; max_new_tokens {meta('max_new_tokens')}; seed {meta('seed')}; "
-                     f"git {meta('git_sha')}")
+                     + (f"node budget {meta('budget')}; " if any(f.meta.get("budget") for f in group) else "")
+                     + f"git {meta('git_sha')}")
     return lines
 
 
