@@ -128,7 +128,7 @@ def write_card(folder: Path, evaluation: dict, stats: dict) -> None:
              f"{100 * stats.get('train_positive_rate', 0):.1f}% accepted |",
              f"| recipe | AdamW {recipe.get('betas')} lr {recipe.get('lr')}, cosine, warmup {recipe.get('warmup_ratio')}, "
              f"batch {recipe.get('batch_size')} responses, {recipe.get('epochs')} epochs, binary CE |",
-             f"| steps / wall time | {evaluation.get('steps')} / {evaluation.get('wall_time_s')} s on CPU "
+             f"| steps / wall time | {evaluation.get('steps')} / {evaluation.get('wall_time_s')} s on {extra.get('hardware', 'CPU')} "
              f"(+ {stats.get('replay_s')} s replaying SD) |",
              f"| held-out | BCE {evaluation.get('bce', float('nan')):.4f}, accuracy {evaluation.get('accuracy', float('nan')):.4f} "
              f"(positive rate {evaluation.get('positive_rate', float('nan')):.4f}), AUC {evaluation.get('auc', float('nan')):.3f}, "

@@ -10,6 +10,7 @@ from methods.eagle3 import Eagle3Drafter, Eagle3Options
 from methods.sps import SpSDrafter, SpSOptions
 from methods.vanilla import VanillaDrafter
 from specbench.engine import GenerationConfig, generate
+from specbench.results import hardware
 from specbench.target import Target
 from test_cli import cli
 
@@ -29,7 +30,9 @@ def common(models, tmp_path, out, target="target"):
 def assert_trained(out):
     folder = out / "drafter"
     assert (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
-    assert "held-out top-1 accuracy" in (folder / "README.md").read_text()
+    card = (folder / "README.md").read_text()
+    assert "held-out top-1 accuracy" in card and "1 epoch," in card
+    assert f"s on {hardware('cpu')} |" in card  # the card says what trained it
     assert json.loads((folder / "eval.json").read_text())["steps"] == 3
     assert len((out / "train_log.jsonl").read_text().splitlines()) >= 3
     return folder

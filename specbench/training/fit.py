@@ -11,6 +11,7 @@ from typing import Callable, Iterator, Optional
 import torch
 import typer
 
+from specbench.results import hardware
 from specbench.training.checks import prompt_file
 from specbench.training.learning_curve import curve_points, read_log, write_learning_curve
 from specbench.training.model_card import write_model_card
@@ -94,6 +95,7 @@ def fit(module, loss_fn, items: list, batches: Batches, save: Callable[[Path], N
     recipe.extra.update({"data": str(data_file), "train_examples": len(trains), "eval_examples": len(evals),
                          **(describe(trains, evals) if describe else {})})
     note_processes(recipe)
+    recipe.extra["hardware"] = hardware(next(module.parameters()).device)  # the model card says what trained it
     for p in module.parameters():  # trained weights and their optimizer state stay fp32 (bf16 is autocast)
         if p.requires_grad and p.dtype != torch.float32:
             p.data = p.data.float()
