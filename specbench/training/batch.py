@@ -39,12 +39,12 @@ class TrainBatch:
         One row at a time, so the full-vocabulary logits (V = 49k) never exist for the whole batch."""
         in_vocab, restricted = [], []
         for row in range(self.taps[-1].shape[0]):
-            full = self.target_logits_of_row(row)
+            full = self._row_logits(row)
             in_vocab.append(t2d[full.argmax(-1)])
             restricted.append(full[..., t2d].float())
         return torch.stack(in_vocab), torch.stack(restricted)
 
-    def target_logits_of_row(self, row: int) -> torch.Tensor:
+    def _row_logits(self, row: int) -> torch.Tensor:
         """One row's target logits [T, V] in the lm_head's compute dtype (bf16 under autocast)."""
         h = self.taps[-1][row]
         with torch.no_grad():
