@@ -30,8 +30,7 @@ class TrainBatch:
     def target_logits(self, positions: slice | None = None) -> torch.Tensor:
         """Target logits [B, T', V] from the final-norm tap (computed on demand: V is large)."""
         h = self.taps[-1] if positions is None else self.taps[-1][:, positions]
-        with torch.no_grad():
-            return self.lm_head(h.to(self.lm_head.weight.dtype)).float()
+        return self._logits(h).float()
 
     def draft_vocab_targets(self, t2d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(in_vocab [B, T]: the target's argmax lies in the draft vocabulary, the target logits over
@@ -39,14 +38,13 @@ class TrainBatch:
         One row at a time, so the full-vocabulary logits (V = 49k) never exist for the whole batch."""
         in_vocab, restricted = [], []
         for row in range(self.taps[-1].shape[0]):
-            full = self._row_logits(row)
+            full = self._logits(self.taps[-1][row])
             in_vocab.append(t2d[full.argmax(-1)])
             restricted.append(full[..., t2d].float())
         return torch.stack(in_vocab), torch.stack(restricted)
 
-    def _row_logits(self, row: int) -> torch.Tensor:
-        """One row's target logits [T, V] in the lm_head's compute dtype (bf16 under autocast)."""
-        h = self.taps[-1][row]
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The frozen lm_head on final-norm states, in its compute dtype (bf16 under autocast)."""
         with torch.no_grad():
             return self.lm_head(h.to(self.lm_head.weight.dtype))
 

@@ -58,7 +58,7 @@ def training_data(options):
     """(target, data file, greedy answers regenerated if missing). The frozen target runs in the
     training dtype: under ``--dtype bfloat16`` its taps come from a bf16 forward (4-5x faster on
     CPUs with AMX and on GPUs) and are cast to fp32 for the drafter."""
-    t = load_target(options.target, getattr(options, "dtype", "float32"), options.device)
+    t = load_target(options.target, options.dtype, options.device)
     data_file, examples = load_data(t, options.prompts, options.data_dir, options.limit, options.max_new_tokens, 8,
                                     0.0, options.max_prompt_tokens)
     torch.manual_seed(0)  # the same initial drafter on every run of a command, so a rerun continues the same run
