@@ -10,6 +10,7 @@ import pandas as pd
 
 from specbench.orderings import ordering_frame, orderings_table
 from specbench.records import GenerationRecord
+from specbench.report.drafters import drafters_table
 from specbench.report.figures import write_figures
 from specbench.report.method_tables import registered_tables
 from specbench.report.names import Block, MethodInfo
@@ -38,11 +39,12 @@ class Report:
     paper_metric: Table | None = None
     orderings: Table | None = None
     sides: dict[Block, dict[str, MethodInfo]] = field(default_factory=dict)
+    drafters: Table | None = None  # the held-out figures of the drafter folders the records name
 
     @property
     def tables(self) -> list[Table]:
         return [t for t in (self.main, self.companion, self.ablation, *self.method_tables, self.papers,
-                            self.paper_metric, self.orderings) if t is not None]
+                            self.paper_metric, self.orderings, self.drafters) if t is not None]
 
     def table(self, name: str) -> Table | None:
         """A table by its file stem (e.g. a method's own table), or None."""
@@ -67,7 +69,8 @@ def build_report(results: PathSpec, paper_numbers: str | Path | None = DEFAULT_P
     main = main_table(cells, methods, prov, bold, loaded_cells(files))
     orderings = orderings_table(ordering_frame(files, seed=seed), prov) if reps else None
     return Report(files, blocks, cells, methods, main, companion_table(cells, prov), ablation_table(cells, sides, prov),
-                  papers, registered_tables(blocks, prov), paper_metric_table(files), orderings, sides)
+                  papers, registered_tables(blocks, prov), paper_metric_table(files), orderings, sides,
+                  drafters_table(files, prov))
 
 
 def write_report(results_glob_or_paths: PathSpec = "results/*.jsonl", out_dir: str | Path = "reports",
