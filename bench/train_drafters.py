@@ -9,11 +9,16 @@ another, each resumable from its checkpoint (`trainer_state.pt`, every 50 steps)
 All drafters train on the target's answers to the same 8,100 ShareGPT prompts (the regenerated
 answers ship in training_data/), 3% held out. The order matters once: PACER's pre-verifier is
 trained on the SpS student trained before it.
+
+Raising a recipe's --epochs continues its finished run from the checkpoint instead of starting over: the
+longer run's cosine schedule takes over at that step (the learning rate jumps back up; the drafter's
+config records the step as `schedule_extended_at_step`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import shutil
 import subprocess
@@ -48,8 +53,22 @@ def recipes(runs: Path) -> dict[str, list[str]]:
     }
 
 
-def finished(runs: Path, name: str) -> bool:
-    return (runs / name / "drafter" / "learning_curve.csv").is_file()
+def epochs_of(argv: list[str]) -> int | None:
+    return int(argv[argv.index("--epochs") + 1]) if "--epochs" in argv else None
+
+
+def finished(runs: Path, name: str, epochs: int | None = None) -> bool:
+    """The run wrote its drafter (the learning curve comes last), trained for at least ``epochs``."""
+    folder = runs / name / "drafter"
+    if not (folder / "learning_curve.csv").is_file():
+        return False
+    if epochs is None:
+        return True
+    try:
+        trained = json.loads((folder / "config.json").read_text())["recipe"]["epochs"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return trained >= epochs
 
 
 def install(runs: Path, name: str) -> Path:
@@ -81,8 +100,9 @@ def main() -> None:
         if args.list:
             print(shlex.join(["specbench", *full]))
         elif args.install:
-            print(f"{name}: {install(runs, name)}" if finished(runs, name) else f"{name}: not finished, skipped")
-        elif finished(runs, name):
+            print(f"{name}: {install(runs, name)}" if finished(runs, name, epochs_of(argv))
+                  else f"{name}: not finished, skipped")
+        elif finished(runs, name, epochs_of(argv)):
             print(f"{name}: finished, skipped")
         else:
             print(f"[{time.strftime('%H:%M:%S')}] {shlex.join(['specbench', *full])}", flush=True)

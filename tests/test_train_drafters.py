@@ -54,3 +54,16 @@ def test_install_replaces_a_drafter_folder_only_when_finished(tmp_path, monkeypa
     assert module.finished(tmp_path / "runs", "eagle3")
     dest = module.install(tmp_path / "runs", "eagle3")
     assert dest == old and (dest / "model.safetensors").read_bytes() == b"new" and not (dest / "stale.json").exists()
+
+
+def test_a_recipe_with_more_epochs_than_its_finished_run_is_not_finished(tmp_path):
+    import json
+
+    module = load_script()
+    run = tmp_path / "eagle3" / "drafter"
+    run.mkdir(parents=True)
+    (run / "learning_curve.csv").write_text("tokens,tau_proxy\n")
+    (run / "config.json").write_text(json.dumps({"recipe": {"epochs": 1}}))
+    assert module.finished(tmp_path, "eagle3", 1) and module.finished(tmp_path, "eagle3")
+    assert not module.finished(tmp_path, "eagle3", 2)  # rerunning continues it from its checkpoint
+    assert module.epochs_of(module.recipes(tmp_path)["eagle3"]) == 1

@@ -103,6 +103,12 @@ def test_student_distillation_loss_falls_and_resume_continues(tmp_path):
     steps = [e["step"] for e in map(json.loads, (tmp_path / "run" / "train_log.jsonl").read_text().splitlines())
              if "loss" in e]
     assert steps == list(range(1, 15))
+    # The longer schedule is recorded where it took over, and the wall time adds up across the two runs.
+    assert more.extra["schedule_extended_at_step"] == [12]
+    elapsed = [e["elapsed_s"] for e in map(json.loads, (tmp_path / "run" / "train_log.jsonl").read_text().splitlines())
+               if "loss" in e]
+    assert elapsed == sorted(elapsed)
+    assert torch.load(tmp_path / "run" / "trainer_state.pt", weights_only=False)["elapsed_s"] >= elapsed[-1]
 
 
 def test_student_checkpoint_round_trip_and_lossless_sps(tmp_path):

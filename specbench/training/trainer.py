@@ -114,16 +114,21 @@ class Trainer:
         self.tokens = 0  # loss-bearing training tokens seen so far (the learning curve's x axis)
         self.log_path = self.out_dir / "train_log.jsonl"
         self.state_path = self.out_dir / "trainer_state.pt"
+        self._elapsed_before = 0.0  # training seconds of the runs this one resumes (the card's wall time is the sum)
+        self._started = time.time()
 
     def _checkpoint(self) -> None:
         if not self.world.main:
             return
         tmp = self.state_path.with_suffix(".tmp")
         # RNG states too, so the steps after a resume draw what an uninterrupted run would have drawn.
-        torch.save({"step": self.step, "tokens": self.tokens, "module": self.module.state_dict(),
+        torch.save({"step": self.step, "tokens": self.tokens, "elapsed_s": self._elapsed(), "module": self.module.state_dict(),
                     "optimizer": self.optimizer.state_dict(), "recipe": asdict(self.recipe), "rng": self._rng_state()},
                    tmp)
         tmp.replace(self.state_path)
+
+    def _elapsed(self) -> float:
+        return round(self._elapsed_before + time.time() - self._started, 1)
 
     def _rng_state(self) -> dict:
         state = {"torch": torch.get_rng_state(), "python": random.getstate()}
@@ -151,6 +156,15 @@ class Trainer:
             raise SpecbenchError(f"{self.state_path} cannot be resumed from ({type(exc).__name__}); delete it to "
                                  "start over or pass a new --out") from None
         self.step = state["step"]
+        self._elapsed_before = state.get("elapsed_s", 0.0)
+        before = state.get("recipe") or {}
+        extended = list((before.get("extra") or {}).get("schedule_extended_at_step", []))
+        if (before.get("epochs"), before.get("max_steps")) != (self.recipe.epochs, self.recipe.max_steps):
+            # Trained on past the schedule it started with (e.g. a second epoch): the cosine schedule is now
+            # the longer run's, so the learning rate jumps back up at this step. The card records where.
+            extended.append(self.step)
+        if extended:
+            self.recipe.extra["schedule_extended_at_step"] = extended
         # A checkpoint from before tokens were counted: unknown from here on (the learning curve then
         # estimates every point from its step rather than mixing two scales).
         self.tokens = state.get("tokens")
@@ -208,7 +222,7 @@ class Trainer:
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: cosine_with_warmup(s, total, warmup), last_epoch=self.step - 1)
         autocast = autocast_for(self.module, r.dtype)
-        start = time.time()
+        self._started = time.time()
         columns = (TextColumn("training"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[loss]}"),
                    TimeRemainingColumn())
         with Progress(*columns, disable=not self.world.main) as progress:
@@ -242,7 +256,7 @@ class Trainer:
                     scheduler.step()
                     self.step += 1
                     self._log({"step": self.step, **self._tokens(), "epoch": epoch, "lr": scheduler.get_last_lr()[0],
-                               "grad_norm": float(norm), "elapsed_s": round(time.time() - start, 1),
+                               "grad_norm": float(norm), "elapsed_s": self._elapsed(),
                                **{k: float(v) for k, v in metrics.items()}})
                     progress.update(task, advance=1, loss=f"loss {shown:.3f}")
                     if eval_batches and self.world.main and (self.step % r.eval_every == 0 or self.step == total):
@@ -258,7 +272,7 @@ class Trainer:
         self._checkpoint()
         self.module.eval()
         final = evaluate(self.loss_fn, eval_batches()) if eval_batches and self.world.main else {}
-        final["wall_time_s"] = round(time.time() - start, 1)
+        final["wall_time_s"] = self._elapsed()
         final["steps"] = self.step
         if self.world.main:
             self.save(self.out_dir / "drafter")
