@@ -41,7 +41,8 @@ def recipes(runs: Path) -> dict[str, list[str]]:
     return {
         "eagle3": ["eagle3", *FAST, "--draft-vocab", "4096"],
         "specblock": SPECBLOCK,
-        "dflash": ["dflash", *FAST],
+        # Two layers (the default three are 22 MiB in bf16, over the 20 MiB a shipped drafter may take).
+        "dflash": ["dflash", *FAST, "--layers", "2"],
         "sps": ["sps-student", *FAST],
         "medusa": ["medusa", *FAST],
         "pacer": ["pacer", "--draft", str(runs / "sps" / "drafter"), "--epochs", "2"],

@@ -13,7 +13,7 @@ from specbench.engine import GenerationConfig, generate
 from specbench.errors import SpecbenchError
 from specbench.training.checkpoint import load_drafter, save_drafter, target_fingerprint
 from specbench.training.features import FeatureCache, iterate_batches, pad_examples, token_counts
-from specbench.training.trainer import Recipe, Trainer, acceptance_proxy, cosine_with_warmup
+from specbench.training.trainer import Recipe, Trainer, acceptance_proxy, cosine_with_warmup, evaluate
 from tiny import tiny_target
 
 
@@ -109,6 +109,38 @@ def test_student_distillation_loss_falls_and_resume_continues(tmp_path):
                if "loss" in e]
     assert elapsed == sorted(elapsed)
     assert torch.load(tmp_path / "run" / "trainer_state.pt", weights_only=False)["elapsed_s"] >= elapsed[-1]
+
+
+def test_evaluate_weights_batches_by_their_tokens_and_skips_empty_ones():
+    class Batch:
+        def __init__(self, tokens: int, acc: float):
+            self.loss_mask = torch.zeros(1, 8)
+            self.loss_mask[0, :tokens] = 1
+            self.acc = acc
+
+    result = evaluate(lambda b: (torch.tensor(0.0), {"acc_1": b.acc}),
+                      [Batch(3, 1.0), Batch(1, 0.0), Batch(0, float("nan"))])
+    assert result["acc_1"] == pytest.approx(0.75) and result["tau_proxy"] == pytest.approx(1.75)
+
+
+def test_a_batch_with_nothing_to_learn_is_skipped_not_trained_on(tmp_path):
+    """Prompts longer than --max-length leave no response token: the trainer logs the step as skipped
+    (no NaN loss, no update) and the held-out figures stay finite."""
+    target = tiny_target(0, layers=4)
+    data = examples(target, 4)
+    gen = torch.Generator().manual_seed(1)
+    data += [{"id": f"long{i}", "prompt_ids": torch.randint(0, target.vocab_size, (40,), generator=gen).tolist(),
+              "response_ids": [1, 2, 3]} for i in range(4)]
+    student = build_student(target, [0, 3])
+    recipe = Recipe(lr=3e-3, epochs=1, batch_size=4, max_length=32, eval_every=1, save_every=100)
+    trainer = Trainer(student, lambda b: distillation_loss(student, b), recipe, tmp_path / "run", save=lambda f: None)
+    batches = lambda: iterate_batches(target, data, [-1], 4, 32, shuffle=False)
+    final = trainer.fit(lambda epoch: batches(), steps_per_epoch=2, eval_batches=batches)
+    log = [json.loads(line) for line in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
+    steps = [e for e in log if "eval" not in e]
+    assert [e.get("skipped") for e in steps] == [None, "no loss-bearing tokens"] and trainer.step == 2
+    assert all(torch.isfinite(torch.tensor(e["eval"]["loss"])) for e in log if "eval" in e)
+    assert 0.0 <= final["acc_1"] <= 1.0
 
 
 def test_student_checkpoint_round_trip_and_lossless_sps(tmp_path):

@@ -64,15 +64,21 @@ def acceptance_proxy(accuracies: list[float]) -> float:
 
 
 def evaluate(loss_fn: LossFn, batches: Iterable[TrainBatch]) -> dict[str, float]:
+    """Each metric's mean over the held-out batches, weighted by their loss-bearing tokens (``batch_weight``),
+    so a short last batch counts for what it holds and one with nothing to score (prompts that fill
+    --max-length) counts not at all."""
     sums: dict[str, float] = {}
-    n = 0
+    total = 0.0
     with torch.no_grad():
         for batch in batches:
+            weight = batch_weight(batch)
+            if weight <= 0:
+                continue
             _, metrics = loss_fn(batch)
             for k, v in metrics.items():
-                sums[k] = sums.get(k, 0.0) + float(v)
-            n += 1
-    result = {k: v / max(n, 1) for k, v in sums.items()}
+                sums[k] = sums.get(k, 0.0) + weight * float(v)
+            total += weight
+    result = {k: v / total for k, v in sums.items()}
     accs = [result[f"acc_{k}"] for k in range(1, 64) if f"acc_{k}" in result]
     if accs:
         result["tau_proxy"] = acceptance_proxy(accs)
@@ -210,6 +216,26 @@ class Trainer:
         mean_loss = sum(w * x for w, x, _ in gathered) / total if total > 0 else loss
         return {k: sums[k] / weights[k] for k in sums}, mean_loss
 
+    def _train_step(self, batch, autocast) -> tuple[dict, float]:
+        """Forward, backward and the optimizer step on one batch -> (log entry, shown loss)."""
+        self.module.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        with autocast:
+            loss, metrics = self.loss_fn(batch)
+        loss.backward()
+        shown = float(loss.detach())
+        # Data parallel: every rank takes its share of one global batch, so ours x ranks.
+        if self.tokens is not None:
+            self.tokens += round(batch_weight(batch) * (self.world.size if self.world.active else 1))
+        if self.world.active:  # data parallel: the gradient and metrics of the global batch
+            weight = batch_weight(batch)
+            self._sync_grads(weight)
+            metrics, shown = self._mean_metrics(weight, metrics, shown)
+        norm = torch.nn.utils.clip_grad_norm_([p for p in self.module.parameters() if p.requires_grad],
+                                              self.recipe.grad_clip)
+        self.optimizer.step()
+        return {"grad_norm": float(norm), **{k: float(v) for k, v in metrics.items()}}, shown
+
     def fit(self, train_batches: Callable[[int], Iterator[TrainBatch]], steps_per_epoch: int,
             eval_batches: Callable[[], Iterable[TrainBatch]] | None = None) -> dict[str, float]:
         r = self.recipe
@@ -237,28 +263,17 @@ class Trainer:
                     if rng is not None:
                         self._set_rng_state(rng)
                         rng = None
-                    self.module.train()
-                    self.optimizer.zero_grad(set_to_none=True)
-                    with autocast:
-                        loss, metrics = self.loss_fn(batch)
-                    loss.backward()
-                    shown = float(loss.detach())
-                    # Data parallel: every rank takes its share of one global batch, so ours x ranks.
-                    if self.tokens is not None:
-                        self.tokens += round(batch_weight(batch) * (self.world.size if self.world.active else 1))
-                    if self.world.active:  # data parallel: the gradient and metrics of the global batch
-                        weight = batch_weight(batch)
-                        self._sync_grads(weight)
-                        metrics, shown = self._mean_metrics(weight, metrics, shown)
-                    norm = torch.nn.utils.clip_grad_norm_([p for p in self.module.parameters() if p.requires_grad],
-                                                          r.grad_clip)
-                    self.optimizer.step()
+                    if batch_weight(batch) == 0 and not self.world.active:
+                        # Nothing to learn from (e.g. prompts that fill --max-length): no update, the schedule
+                        # moves on. (Data parallel: the global batch decides, in _train_step.)
+                        entry, shown = {"skipped": "no loss-bearing tokens"}, None
+                    else:
+                        entry, shown = self._train_step(batch, autocast)
                     scheduler.step()
                     self.step += 1
                     self._log({"step": self.step, **self._tokens(), "epoch": epoch, "lr": scheduler.get_last_lr()[0],
-                               "grad_norm": float(norm), "elapsed_s": self._elapsed(),
-                               **{k: float(v) for k, v in metrics.items()}})
-                    progress.update(task, advance=1, loss=f"loss {shown:.3f}")
+                               **entry, "elapsed_s": self._elapsed()})
+                    progress.update(task, advance=1, loss="" if shown is None else f"loss {shown:.3f}")
                     if eval_batches and self.world.main and (self.step % r.eval_every == 0 or self.step == total):
                         self.module.eval()
                         self._log({"step": self.step, **self._tokens(), "eval": evaluate(self.loss_fn, eval_batches())})
