@@ -25,6 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from specbench import distributed, interrupt
 from specbench.errors import SpecbenchError
 from specbench.training.batch import TrainBatch
+from specbench.training.learning_curve import read_log
 
 LossFn = Callable[[TrainBatch], tuple[torch.Tensor, dict[str, float]]]
 
@@ -162,7 +163,7 @@ class Trainer:
             raise SpecbenchError(f"{self.state_path} cannot be resumed from ({type(exc).__name__}); delete it to "
                                  "start over or pass a new --out") from None
         self.step = state["step"]
-        self._elapsed_before = state.get("elapsed_s", 0.0)
+        self._elapsed_before = state.get("elapsed_s", self._logged_elapsed(self.step))
         before = state.get("recipe") or {}
         extended = list((before.get("extra") or {}).get("schedule_extended_at_step", []))
         if (before.get("epochs"), before.get("max_steps")) != (self.recipe.epochs, self.recipe.max_steps):
@@ -175,6 +176,13 @@ class Trainer:
         # estimates every point from its step rather than mixing two scales).
         self.tokens = state.get("tokens")
         return state.get("rng")
+
+    def _logged_elapsed(self, step: int) -> float:
+        """A checkpoint from before it carried its wall time: the log's last figure up to its step (one run)."""
+        if not self.log_path.exists():
+            return 0.0
+        return max((e["elapsed_s"] for e in read_log(self.log_path) if "elapsed_s" in e and e["step"] <= step),
+                   default=0.0)
 
     def _tokens(self) -> dict:
         return {} if self.tokens is None else {"tokens": self.tokens}
