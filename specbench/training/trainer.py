@@ -129,9 +129,9 @@ class Trainer:
             return
         tmp = self.state_path.with_suffix(".tmp")
         # RNG states too, so the steps after a resume draw what an uninterrupted run would have drawn.
-        torch.save({"step": self.step, "tokens": self.tokens, "elapsed_s": self._elapsed(), "module": self.module.state_dict(),
-                    "optimizer": self.optimizer.state_dict(), "recipe": asdict(self.recipe), "rng": self._rng_state()},
-                   tmp)
+        torch.save({"step": self.step, "tokens": self.tokens, "elapsed_s": self._elapsed(),
+                    "module": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
+                    "recipe": asdict(self.recipe), "rng": self._rng_state()}, tmp)
         tmp.replace(self.state_path)
 
     def _elapsed(self) -> float:
