@@ -86,11 +86,26 @@ class PreVerifier(torch.nn.Module):
         return sum(p.numel() for n, p in self.named_parameters() if not n.startswith("body.embed_tokens"))
 
 
-def save_preverifier(folder, model: PreVerifier, target: Target, draft: str, recipe: dict) -> None:
+def draft_fingerprint(draft_model) -> str:
+    """Which draft model's hidden states a pre-verification layer reads: a hash of its parameters' names,
+    shapes and bf16 values at both ends of each tensor (the same whether the draft is loaded in fp32 or
+    bf16, and different for any retrained draft)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, p in sorted(draft_model.state_dict().items()):
+        flat = p.detach().flatten()
+        ends = torch.cat([flat[:512], flat[-512:]]).to("cpu", torch.bfloat16).view(torch.int16)
+        digest.update(f"{name}{tuple(p.shape)}".encode())
+        digest.update(ends.numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def save_preverifier(folder, model: PreVerifier, target: Target, draft: str, recipe: dict, draft_model) -> None:
     config = {"method": METHOD, "target": target_fingerprint(target), "recipe": recipe,
               "architecture": {"window": model.window, "use_pos": model.use_pos, "hidden_size": model.hidden_size,
                                "parameters": model.trainable_parameters()},
-              "draft": draft or "shipped SpS draft for the target",
+              "draft": draft or "shipped SpS draft for the target", "draft_fingerprint": draft_fingerprint(draft_model),
               "note": "PACER blockwise pre-verification layer over the SpS draft model's last hidden states"}
     state = {k: v for k, v in model.state_dict().items() if not k.startswith("body.embed_tokens")}
     save_drafter(folder, state, config, dtype=torch.float32)
@@ -106,6 +121,11 @@ def load_preverifier(folder, target: Target, draft_model, dtype: torch.dtype) ->
         raise SpecbenchError(f"pre-verification layer {folder} reads hidden size {arch['hidden_size']} but the draft "
                              f"model has {draft_model.config.hidden_size}; train one for this draft with "
                              "`specbench train pacer --draft ...`")
+    trained_over = config.get("draft_fingerprint")  # absent in layers saved before it was recorded
+    if trained_over and trained_over != draft_fingerprint(draft_model):
+        raise SpecbenchError(f"pre-verification layer {folder} was trained over another draft model "
+                             f"({config['draft']}; it reads that draft's hidden states); pass that draft with "
+                             "--opt draft=... or retrain the layer for this one with `specbench train pacer --draft ...`")
     model = PreVerifier(draft_model.config, arch["window"], arch["use_pos"])
     missing = {k for k in model.state_dict() if not k.startswith("body.embed_tokens")} - set(state)
     if missing:

@@ -59,7 +59,7 @@ class PacerTrainer(MethodTrainer):
             return {**stats, "parameters": model.trainable_parameters()}
 
         return fit(model, lambda b: pacer_loss(model, b), packed, packed_batches(o.batch_size),
-                   lambda folder: save_preverifier(folder, model, t, o.draft, recipe.__dict__), recipe, o.out,
+                   lambda folder: save_preverifier(folder, model, t, o.draft, recipe.__dict__, draft_model), recipe, o.out,
                    o.held_out, data_file, describe=describe, card=lambda folder, final: write_card(folder, final, stats),
                    saved="pre-verification layer")
 
@@ -94,9 +94,13 @@ def replay_dataset(target: Target, examples: list[dict], data_file: Path, draft:
     from methods.sps import SpSDrafter, SpSOptions
     from specbench.target import cache_dir
 
+    from methods.pacer import draft_fingerprint
+
     sps = SpSDrafter(SpSOptions(draft=draft, dtype="bfloat16"))  # the draft as benchmarks run it
     sps.setup(target)
-    tag = hashlib.sha256(f"{data_file}|{draft}|{window}|{len(examples)}".encode()).hexdigest()[:12]
+    # Keyed by the draft's weights, not its path: a retrained draft in the same folder replays afresh.
+    key = f"{data_file}|{draft_fingerprint(sps.model)}|{window}|{len(examples)}"
+    tag = hashlib.sha256(key.encode()).hexdigest()[:12]
     path = cache_dir() / "pacer" / f"{data_file.stem}-{tag}.pt"
     if path.exists():
         return torch.load(path, weights_only=False), sps.model

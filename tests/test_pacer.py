@@ -202,6 +202,19 @@ def test_bad_options_are_one_line_errors(tmp_path):
         ready(PacerDrafter(PacerOptions(pacer=str(tmp_path)), model=tiny_llama(1)), tiny_target(0))
 
 
+def test_a_layer_trained_over_another_draft_is_refused(tmp_path):
+    """The layer reads its draft's hidden states: loading it over a retrained draft is a one-line error."""
+    from methods.pacer import draft_fingerprint, load_preverifier, save_preverifier
+
+    target, draft, other = tiny_target(0), noisy_copy(0, 0.6), noisy_copy(0, 0.7)
+    assert draft_fingerprint(draft) == draft_fingerprint(noisy_copy(0, 0.6).to(torch.bfloat16))
+    assert draft_fingerprint(draft) != draft_fingerprint(other)
+    save_preverifier(tmp_path / "mb", PreVerifier(draft.config, window=8), target, "drafts/a", {}, draft)
+    assert load_preverifier(tmp_path / "mb", target, draft, torch.float32).window == 8
+    with pytest.raises(SpecbenchError, match="trained over another draft model"):
+        load_preverifier(tmp_path / "mb", target, other, torch.float32)
+
+
 # ---- the confidence heuristic (HF assisted generation) --------------------------------------------
 def test_heuristic_schedule_and_threshold_fit():
     assert next_gamma(5, 5, 5) == 7 and next_gamma(5, 2, 5) == 4 and next_gamma(1, 0, 1) == 1
