@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from methods.pacer import PreVerifier, collate, pack_example, pacer_loss, save_preverifier
+from methods.pacer import PreVerifier, collate, draft_fingerprint, pack_example, pacer_loss, save_preverifier
 from specbench.target import Target
 from specbench.training.learning_curve import curve_section
 from specbench.training.plugin import MethodTrainer, TrainOptions, option
@@ -59,8 +59,8 @@ class PacerTrainer(MethodTrainer):
             return {**stats, "parameters": model.trainable_parameters()}
 
         return fit(model, lambda b: pacer_loss(model, b), packed, packed_batches(o.batch_size),
-                   lambda folder: save_preverifier(folder, model, t, o.draft, recipe.__dict__, draft_model), recipe, o.out,
-                   o.held_out, data_file, describe=describe, card=lambda folder, final: write_card(folder, final, stats),
+                   lambda folder: save_preverifier(folder, model, t, o.draft, recipe.__dict__, draft_model), recipe,
+                   o.out, o.held_out, data_file, describe=describe, card=lambda folder, final: write_card(folder, final, stats),
                    saved="pre-verification layer")
 
 
@@ -93,8 +93,6 @@ def replay_dataset(target: Target, examples: list[dict], data_file: Path, draft:
 
     from methods.sps import SpSDrafter, SpSOptions
     from specbench.target import cache_dir
-
-    from methods.pacer import draft_fingerprint
 
     sps = SpSDrafter(SpSOptions(draft=draft, dtype="bfloat16"))  # the draft as benchmarks run it
     sps.setup(target)

@@ -20,7 +20,7 @@ ACC_COLUMNS = 4  # acc_1..acc_4: every chain drafter has them; deeper ones are i
 
 def _local_folder(source: dict) -> Path | None:
     """The folder a header's drafter source names, or, when the records were made in another checkout,
-    the same ``drafters/<target>/<name>`` under this one."""
+    the same ``drafters/<target>/<name>`` under the current directory (the checkout, as `make report` runs)."""
     path = Path(str(source.get("path") or source.get("spec") or ""))
     if (path / "config.json").is_file():
         return path

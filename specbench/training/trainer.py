@@ -224,8 +224,9 @@ class Trainer:
         mean_loss = sum(w * x for w, x, _ in gathered) / total if total > 0 else loss
         return {k: sums[k] / weights[k] for k in sums}, mean_loss
 
-    def _train_step(self, batch, autocast) -> tuple[dict, float]:
-        """Forward, backward and the optimizer step on one batch -> (log entry, shown loss)."""
+    def _train_step(self, batch, weight: float, autocast) -> tuple[dict, float]:
+        """Forward, backward and the optimizer step on one batch of ``weight`` (``batch_weight``)
+        -> (log entry, shown loss)."""
         self.module.train()
         self.optimizer.zero_grad(set_to_none=True)
         with autocast:
@@ -234,9 +235,8 @@ class Trainer:
         shown = float(loss.detach())
         # Data parallel: every rank takes its share of one global batch, so ours x ranks.
         if self.tokens is not None:
-            self.tokens += round(batch_weight(batch) * (self.world.size if self.world.active else 1))
+            self.tokens += round(weight * (self.world.size if self.world.active else 1))
         if self.world.active:  # data parallel: the gradient and metrics of the global batch
-            weight = batch_weight(batch)
             self._sync_grads(weight)
             metrics, shown = self._mean_metrics(weight, metrics, shown)
         norm = torch.nn.utils.clip_grad_norm_([p for p in self.module.parameters() if p.requires_grad],
@@ -271,12 +271,13 @@ class Trainer:
                     if rng is not None:
                         self._set_rng_state(rng)
                         rng = None
-                    if batch_weight(batch) == 0 and not self.world.active:
+                    weight = batch_weight(batch)
+                    if weight == 0 and not self.world.active:
                         # Nothing to learn from (e.g. prompts that fill --max-length): no update, the schedule
                         # moves on. (Data parallel: the global batch decides, in _train_step.)
                         entry, shown = {"skipped": "no loss-bearing tokens"}, None
                     else:
-                        entry, shown = self._train_step(batch, autocast)
+                        entry, shown = self._train_step(batch, weight, autocast)
                     scheduler.step()
                     self.step += 1
                     self._log({"step": self.step, **self._tokens(), "epoch": epoch, "lr": scheduler.get_last_lr()[0],
