@@ -67,3 +67,11 @@ def test_a_recipe_with_more_epochs_than_its_finished_run_is_not_finished(tmp_pat
     assert module.finished(tmp_path, "eagle3", 1) and module.finished(tmp_path, "eagle3")
     assert not module.finished(tmp_path, "eagle3", 2)  # rerunning continues it from its checkpoint
     assert module.epochs_of(module.recipes(tmp_path)["eagle3"]) == 1
+
+
+def test_a_recipe_overrides_the_shared_data_options_it_sets_itself(tmp_path):
+    module = load_script()
+    plan = module.recipes(tmp_path)
+    pacer = module.data_options(plan["pacer"])
+    assert "--limit" not in pacer and "--max-new-tokens" in pacer and "--held-out" in pacer
+    assert module.data_options(plan["eagle3"]) == module.DATA
