@@ -61,7 +61,8 @@ def hardware(device: torch.device | str) -> str:
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"{_cpu_model()} ({torch.get_num_threads()} threads)"
+    threads = torch.get_num_threads()
+    return f"{_cpu_model()} ({threads} thread{'s' if threads != 1 else ''})"
 
 
 def environment_metadata(device: torch.device | str) -> dict:
