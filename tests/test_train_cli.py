@@ -99,9 +99,12 @@ def test_train_medusa_then_run_it(models, tmp_path, capsys, monkeypatch):
     from methods.medusa import MedusaDrafter, MedusaOptions
 
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
-    code, out, err = cli(["train", "medusa", "--heads", "3", *common(models, tmp_path, tmp_path / "m")], capsys)
+    code, out, err = cli(["train", "medusa", "--heads", "3", "--eval-every", "2",
+                          *common(models, tmp_path, tmp_path / "m")], capsys)
     assert code == 0, err
     folder = assert_trained(tmp_path / "m")
+    log = [json.loads(line) for line in (tmp_path / "m" / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log if "eval" in r] == [2, 3]  # every 2 steps, and at the end
     target = Target.load(models["target"], "float32")
     lossless(target, MedusaDrafter(MedusaOptions(path=str(folder), topk=4)))
 
@@ -139,7 +142,7 @@ def test_train_pacer_on_the_shared_fit_then_run_it(models, tmp_path, capsys, mon
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
     args = ["train", "pacer", "--draft", models["draft"], "--window", "6", "--target", models["target"], "--prompts",
             prompt_file(tmp_path), "--limit", "6", "--max-new-tokens", "12", "--epochs", "1", "--batch-size", "2",
-            "--out", str(tmp_path / "p")]
+            "--eval-every", "1", "--out", str(tmp_path / "p")]
     code, out, err = cli(args, capsys)
     assert code == 0, err
     folder = tmp_path / "p" / "drafter"
@@ -154,5 +157,6 @@ def test_train_pacer_on_the_shared_fit_then_run_it(models, tmp_path, capsys, mon
     assert json.loads((folder / "eval.json").read_text())["steps"] == 3
     steps = [json.loads(line) for line in (tmp_path / "p" / "train_log.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps if "eval" not in s] == [1, 2, 3]
+    assert [s["step"] for s in steps if "eval" in s] == [1, 2, 3]  # --eval-every 1; the resumed run adds none
     target = Target.load(models["target"], "float32")
     lossless(target, PacerDrafter(PacerOptions(draft=models["draft"], pacer=str(folder), block=2)))

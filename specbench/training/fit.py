@@ -123,6 +123,7 @@ def fit_features(target, examples: list[dict], module, loss_fn, taps: list[int],
     from specbench.training.features import FeatureCache, iterate_batches
 
     length = recipe.max_length
+    recipe.eval_every = options.eval_every
     recipe.extra["target_dtype"] = str(target.dtype).removeprefix("torch.")
     cache = (FeatureCache(cache_dir() / "features" / data_file.stem, taps, length, target.dtype)
              if options.cache_features else None)

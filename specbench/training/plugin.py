@@ -55,6 +55,8 @@ class TrainOptions:
     batch_size: int = option(8, "Examples per optimizer step.", min=1)
     max_length: int = option(384, "Training sequence length (prompt + response).", min=1)
     held_out: float = option(0.05, "Share of examples kept for evaluation.", fraction=True)
+    eval_every: int = option(100, "Evaluate on the held-out share every N optimizer steps (and at the end); "
+                                  "each evaluation is a point of the learning curve.", min=1)
     cache_features: bool = option(True, "Cache target taps to disk (fp16) after the first epoch.")
     max_prompt_tokens: int = option(512, "Skip prompts longer than this (rendered).", min=1)
     dtype: str = option("float32", "float32, or bfloat16: the frozen target's taps come from a bf16 forward and "
