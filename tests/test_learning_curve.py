@@ -82,6 +82,10 @@ def test_curve_files_and_card_section(tmp_path):
     assert "Held-out tau_proxy" in section and "still improving" in section and "| 9 | 9,000 | 1.900 |" in section
     flat = [{**p, "tau_proxy": 2.0} for p in rising]
     assert plateau(flat, "tau_proxy").startswith("plateaued")
+    # Three evaluations (100, 200, 272): the last third starts at step 181, where the curve read ~0.800
+    # (interpolated), not at step 200 (which would leave a single point) nor at step 100.
+    three = [{"step": s, "auc": a} for s, a in ((100, 0.741), (200, 0.814), (272, 0.836))]
+    assert plateau(three, "auc") == "still improving (4.5% over the last third of training)"
     # A pre-verifier's curve follows its AUC.
     auc = [{"step": s, "tokens": s, "tokens_estimated": False, "auc": 0.5 + 0.01 * s, "loss": 1.0} for s in (1, 2)]
     write_learning_curve(tmp_path, auc)

@@ -78,11 +78,16 @@ def write_learning_curve(folder: str | Path, points: list[dict]) -> tuple[Path, 
 
 
 def plateau(points: list[dict], metric: str, tolerance: float = 0.01) -> str:
-    """Whether the last third of the curve still improved by more than ``tolerance`` (relative)."""
+    """Whether the last third of training still improved the metric by more than ``tolerance`` (relative):
+    from its value at two thirds of the final step (interpolated between evaluations) to the best after."""
     if len(points) < 3:
         return "too few evaluations to tell"
-    tail = points[len(points) * 2 // 3:]
-    first, best = tail[0][metric], max(p[metric] for p in tail)
+    cut = points[-1]["step"] * 2 / 3
+    before = [p for p in points if p["step"] <= cut] or points[:1]
+    after = [p for p in points if p["step"] > cut]
+    a, b = before[-1], after[0]
+    first = a[metric] + (b[metric] - a[metric]) * max(0.0, cut - a["step"]) / (b["step"] - a["step"])
+    best = max(p[metric] for p in after)
     gain = (best - first) / abs(first) if first and math.isfinite(first) else float("inf")
     if gain > tolerance:
         return f"still improving ({100 * gain:.1f}% over the last third of training)"
