@@ -34,17 +34,21 @@ DATA = ["--limit", "8100", "--max-new-tokens", "256", "--held-out", "0.03"]
 # the drafter trains under autocast (fp32 weights). (PACER packs replayed steps and replays in fp32.)
 FAST = ["--epochs", "1", "--dtype", "bfloat16", "--max-length", "384"]
 # SpecBlock keeps the paper's 2 target-shaped layers; a 1,024-token head keeps it under 20 MiB.
-SPECBLOCK = ["specblock", *FAST, "--draft-vocab", "1024", "--rank-hidden", "128"]
+SPECBLOCK = ["specblock", "--epochs", "2", *FAST[2:], "--draft-vocab", "1024", "--rank-hidden", "128"]
+# EAGLE-3 and SpecBlock trained one epoch, still improving, then a second: a one-epoch cosine run extended
+# to a two-epoch one (the learning rate jumps back up at step 914). SpecBlock's ablations repeat exactly
+# that schedule, so the ablation table compares drafters trained alike.
+EXTENDED = ("eagle3", "specblock", "specblock-no-broadcast", "specblock-no-shift", "specblock-no-valid-prefix")
 
 
 def recipes(runs: Path) -> dict[str, list[str]]:
     """drafter name (its folder under drafters/<target>/) -> `specbench train` arguments, in run order."""
     # PACER replays greedy SD of the student over each answer, drafting `--window` tokens from every step
-    # (~3 s per answer at window 8 on one CPU thread): 600 answers (~100k replayed steps) and window 8 instead
+    # (0.6 s per answer at window 8 on one CPU thread): 600 answers (75k replayed steps) and window 8 instead
     # of the paper's 50 (the student's drafts past 8 are almost never accepted; later positions reuse e_8).
     PACER = ["pacer", "--draft", str(runs / "sps" / "drafter"), "--epochs", "2", "--window", "8", "--limit", "600"]
     return {
-        "eagle3": ["eagle3", *FAST, "--draft-vocab", "4096"],
+        "eagle3": ["eagle3", "--epochs", "2", *FAST[2:], "--draft-vocab", "4096"],
         "specblock": SPECBLOCK,
         # Two layers (the default three are 22 MiB in bf16, over the 20 MiB a shipped drafter may take);
         # two epochs: a block drafter predicts 15 positions from one anchor and learns slower than EAGLE-3.
@@ -63,6 +67,19 @@ def recipes(runs: Path) -> dict[str, list[str]]:
 def data_options(argv: list[str]) -> list[str]:
     """The shared DATA options a recipe does not set itself."""
     return [arg for flag, value in zip(DATA[::2], DATA[1::2]) if flag not in argv for arg in (flag, value)]
+
+
+def command(runs: Path, name: str, argv: list[str]) -> list[str]:
+    return ["train", *argv, "--target", TARGET, *data_options(argv), "--out", str(runs / name)]
+
+
+def stages(name: str, argv: list[str]) -> list[list[str]]:
+    """The recipe as it runs: an EXTENDED drafter first trains one epoch, then continues to its --epochs."""
+    epochs = epochs_of(argv)
+    if name not in EXTENDED or not epochs or epochs == 1:
+        return [argv]
+    at = argv.index("--epochs") + 1
+    return [argv[:at] + [str(e)] + argv[at + 1:] for e in range(1, epochs + 1)]
 
 
 def epochs_of(argv: list[str]) -> int | None:
@@ -108,19 +125,23 @@ def main() -> None:
     for name, argv in plan.items():
         if args.only and name not in args.only:
             continue
-        full = ["train", *argv, "--target", TARGET, *data_options(argv), "--out", str(runs / name)]
         if args.list:
-            print(shlex.join(["specbench", *full]))
+            for stage in stages(name, argv):
+                print(shlex.join(["specbench", *command(runs, name, stage)]))
         elif args.install:
             print(f"{name}: {install(runs, name)}" if finished(runs, name, epochs_of(argv))
                   else f"{name}: not finished, skipped")
         elif finished(runs, name, epochs_of(argv)):
             print(f"{name}: finished, skipped")
         else:
-            print(f"[{time.strftime('%H:%M:%S')}] {shlex.join(['specbench', *full])}", flush=True)
-            code = subprocess.call([sys.executable, "-m", "specbench.cli", *full])
-            if code:
-                sys.exit(f"train_drafters: {name} stopped with exit code {code}; rerun to resume it")
+            for stage in stages(name, argv):
+                if finished(runs, name, epochs_of(stage)):
+                    continue
+                full = command(runs, name, stage)
+                print(f"[{time.strftime('%H:%M:%S')}] {shlex.join(['specbench', *full])}", flush=True)
+                code = subprocess.call([sys.executable, "-m", "specbench.cli", *full])
+                if code:
+                    sys.exit(f"train_drafters: {name} stopped with exit code {code}; rerun to resume it")
 
 
 if __name__ == "__main__":

@@ -66,7 +66,7 @@ def test_a_recipe_with_more_epochs_than_its_finished_run_is_not_finished(tmp_pat
     (run / "config.json").write_text(json.dumps({"recipe": {"epochs": 1}}))
     assert module.finished(tmp_path, "eagle3", 1) and module.finished(tmp_path, "eagle3")
     assert not module.finished(tmp_path, "eagle3", 2)  # rerunning continues it from its checkpoint
-    assert module.epochs_of(module.recipes(tmp_path)["eagle3"]) == 1
+    assert module.epochs_of(module.recipes(tmp_path)["eagle3"]) == 2
 
 
 def test_a_recipe_overrides_the_shared_data_options_it_sets_itself(tmp_path):
@@ -75,3 +75,14 @@ def test_a_recipe_overrides_the_shared_data_options_it_sets_itself(tmp_path):
     pacer = module.data_options(plan["pacer"])
     assert "--limit" not in pacer and "--max-new-tokens" in pacer and "--held-out" in pacer
     assert module.data_options(plan["eagle3"]) == module.DATA
+
+
+def test_extended_drafters_train_one_epoch_then_continue_to_two(tmp_path):
+    module = load_script()
+    plan = module.recipes(tmp_path)
+    for name in ("eagle3", "specblock", "specblock-no-shift"):
+        assert [module.epochs_of(s) for s in module.stages(name, plan[name])] == [1, 2], name
+    assert module.stages("dflash", plan["dflash"]) == [plan["dflash"]]  # one fresh two-epoch schedule
+    first, second = module.stages("specblock", plan["specblock"])
+    assert first[first.index("--epochs") + 1:] != second[second.index("--epochs") + 1:]
+    assert [a for a in first if a != "1"] == [a for a in second if a != "2"]  # nothing else differs
