@@ -274,11 +274,16 @@ def binary_auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
     return float(greater + 0.5 * ties)
 
 
-def pacer_loss(model: PreVerifier, batch: PacerBatch) -> tuple[torch.Tensor, dict[str, float]]:
-    """Binary cross-entropy of the acceptance logits on draft rows."""
+def acceptance_logits(model: PreVerifier, batch: PacerBatch) -> torch.Tensor:
+    """The layer's acceptance logit at every row of a packed batch [B, T] (Fig. 5 visibility)."""
     mask = torch.zeros(batch.mask.shape, dtype=torch.float32, device=batch.mask.device).masked_fill_(
         ~batch.mask, torch.finfo(torch.float32).min)
-    logits = model(batch.hidden, batch.draft_pos, batch.position_ids, attention_mask=mask)
+    return model(batch.hidden, batch.draft_pos, batch.position_ids, attention_mask=mask)
+
+
+def pacer_loss(model: PreVerifier, batch: PacerBatch) -> tuple[torch.Tensor, dict[str, float]]:
+    """Binary cross-entropy of the acceptance logits on draft rows."""
+    logits = acceptance_logits(model, batch)
     keep = batch.labels >= 0
     z, y = logits[keep].float(), batch.labels[keep]
     loss = F.binary_cross_entropy_with_logits(z, y)

@@ -86,6 +86,8 @@ def test_curve_files_and_card_section(tmp_path):
     # (interpolated), not at step 200 (which would leave a single point) nor at step 100.
     three = [{"step": s, "auc": a} for s, a in ((100, 0.741), (200, 0.814), (272, 0.836))]
     assert plateau(three, "auc") == "still improving (4.5% over the last third of training)"
+    late = [{"step": s, "auc": a} for s, a in ((700, 0.80), (800, 0.80), (914, 0.80))]  # all past step 609
+    assert plateau(late, "auc").startswith("plateaued")
     # A pre-verifier's curve follows its AUC.
     auc = [{"step": s, "tokens": s, "tokens_estimated": False, "auc": 0.5 + 0.01 * s, "loss": 1.0} for s in (1, 2)]
     write_learning_curve(tmp_path, auc)

@@ -83,15 +83,20 @@ def note_processes(recipe: Recipe) -> None:
 Batches = Callable[[list, Optional[int], object], Iterator]
 
 
+def held_out_split(items: list, held_out: float, seed: int) -> tuple[list, list]:
+    """(training items, held-out items): ``items`` shuffled in place with ``seed``, then at least one held out."""
+    random.Random(seed).shuffle(items)
+    n_eval = max(1, int(len(items) * held_out))
+    return items[n_eval:], items[:n_eval]
+
+
 def fit(module, loss_fn, items: list, batches: Batches, save: Callable[[Path], None], recipe: Recipe, out: Path,
         held_out: float, data_file: Path, describe: Callable[[list, list], dict] | None = None,
         card: Callable[[Path, dict], object] = write_model_card, saved: str = "drafter") -> dict:
     """Shuffle ``items`` (seeded), split off the held-out share, train with the shared Trainer (under
     torchrun each rank takes its rows of every batch; rank 0 evaluates and saves), then write
     eval.json and the model card. ``describe(train, held_out)`` adds data statistics to the recipe."""
-    random.Random(recipe.seed).shuffle(items)
-    n_eval = max(1, int(len(items) * held_out))
-    evals, trains = items[:n_eval], items[n_eval:]
+    trains, evals = held_out_split(items, held_out, recipe.seed)
     recipe.extra.update({"data": str(data_file), "train_examples": len(trains), "eval_examples": len(evals),
                          **(describe(trains, evals) if describe else {})})
     note_processes(recipe)

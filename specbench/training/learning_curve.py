@@ -83,10 +83,13 @@ def plateau(points: list[dict], metric: str, tolerance: float = 0.01) -> str:
     if len(points) < 3:
         return "too few evaluations to tell"
     cut = points[-1]["step"] * 2 / 3
-    before = [p for p in points if p["step"] <= cut] or points[:1]
+    before = [p for p in points if p["step"] <= cut]
     after = [p for p in points if p["step"] > cut]
-    a, b = before[-1], after[0]
-    first = a[metric] + (b[metric] - a[metric]) * max(0.0, cut - a["step"]) / (b["step"] - a["step"])
+    if before:
+        a, b = before[-1], after[0]
+        first = a[metric] + (b[metric] - a[metric]) * (cut - a["step"]) / (b["step"] - a["step"])
+    else:  # the curve starts inside the last third (a log that begins late)
+        first = after[0][metric]
     best = max(p[metric] for p in after)
     gain = (best - first) / abs(first) if first and math.isfinite(first) else float("inf")
     if gain > tolerance:
