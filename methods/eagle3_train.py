@@ -28,14 +28,14 @@ class Eagle3Trainer(MethodTrainer):
     def train(self, o: Eagle3TrainOptions) -> dict:
         from methods.eagle3 import Eagle3Model
         from specbench.training.features import token_counts
-        from specbench.training.fit import fit_features, make_recipe, training_data
+        from specbench.training.fit import fit_features, recipe_for, training_data
         from specbench.training.vocab import build_vocab_mapping
 
         t, data_file, examples = training_data(o)
         d2t, t2d, coverage = build_vocab_mapping(token_counts(examples, t.vocab_size), o.draft_vocab)
         typer.echo(f"draft vocabulary {o.draft_vocab}: {100 * coverage:.2f}% of response tokens")
         model = Eagle3Model.from_target(t, (d2t, t2d))
-        recipe = make_recipe(o.lr, o.epochs, o.batch_size, o.max_length, dtype=o.dtype, draft_vocab=o.draft_vocab,
-                             vocab_coverage=coverage, unroll_steps=o.steps)
+        recipe = recipe_for(o, draft_vocab=o.draft_vocab,
+                            vocab_coverage=coverage, unroll_steps=o.steps)
         return fit_features(t, examples, model, lambda b: model.training_loss(b, steps=o.steps), list(model.taps),
                             lambda folder: model.save(folder, t, recipe.__dict__), recipe, o, data_file)

@@ -28,12 +28,12 @@ class MedusaTrainer(MethodTrainer):
 
     def train(self, o: MedusaTrainOptions) -> dict:
         from methods.medusa import MedusaHeads, save_medusa
-        from specbench.training.fit import fit_features, make_recipe, training_data
+        from specbench.training.fit import fit_features, recipe_for, training_data
 
         t, data_file, examples = training_data(o)
         model = MedusaHeads.for_target(t, num_heads=o.heads, num_layers=o.layers, shared_lm_head=o.shared_lm_head)
-        recipe = make_recipe(o.lr, o.epochs, o.batch_size, o.max_length, dtype=o.dtype, heads=o.heads, layers=o.layers,
-                             shared_lm_head=o.shared_lm_head)
+        recipe = recipe_for(o, heads=o.heads, layers=o.layers,
+                            shared_lm_head=o.shared_lm_head)
         recipe.warmup_ratio = 0.1
         return fit_features(t, examples, model, model.training_loss, [-1],
                             lambda folder: save_medusa(folder, model, t, recipe.__dict__, dtype=torch.bfloat16),

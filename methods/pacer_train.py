@@ -37,13 +37,12 @@ class PacerTrainer(MethodTrainer):
 
     def train(self, o: PacerTrainOptions) -> dict:
         from specbench import distributed
-        from specbench.training.fit import fit, make_recipe, training_data
+        from specbench.training.fit import fit, recipe_for, training_data
 
         t, data_file, examples = training_data(o)
-        recipe = make_recipe(o.lr, o.epochs, o.batch_size, 0, window=o.window, position_embedding=o.position_embedding,
-                             draft=o.draft or "shipped")
+        recipe = recipe_for(o, max_length=0, window=o.window, position_embedding=o.position_embedding,
+                            draft=o.draft or "shipped")
         recipe.betas = (0.9, 0.999)  # the paper's AdamW betas
-        recipe.eval_every = o.eval_every
         recipe.dtype = "bfloat16"  # autocast: ~2x faster on CPU; the layer and optimizer state stay fp32
         with distributed.main_first():  # under torchrun rank 0 replays (and caches) first
             packed, draft_model = replay_dataset(t, examples, data_file, o.draft, o.window)

@@ -66,7 +66,7 @@ class SpecBlockTrainer(MethodTrainer):
         from methods.specblock_model import SpecBlockConfig, SpecBlockModel
         from methods.specblock_train import LossSettings, SpecBlockLoss
         from specbench.training.features import token_counts
-        from specbench.training.fit import fit_features, make_recipe, training_data
+        from specbench.training.fit import fit_features, recipe_for, training_data
         from specbench.training.vocab import build_vocab_mapping
 
         overrides = variants()[o.variant]
@@ -84,12 +84,11 @@ class SpecBlockTrainer(MethodTrainer):
         start = o.rank_start if o.rank_start is not None else total_steps // 4
         settings = LossSettings(valid_prefix=valid, rank_start=start, cross_fraction=o.cross_fraction, decay=o.decay,
                                 normalise=o.normalise, cross_block_start=o.cross_block_start)
-        recipe = make_recipe(o.lr, o.epochs, o.batch_size, o.max_length, variant=o.variant, draft_vocab=o.draft_vocab,
-                             vocab_coverage=coverage, block_size=o.block_size, layers=o.layers,
-                             rank_hidden=o.rank_hidden, rank_start=start, cross_fraction=o.cross_fraction,
-                             decay=o.decay, valid_prefix=valid, normalise=o.normalise,
-                             cross_block_start=o.cross_block_start)
-        recipe.dtype = o.dtype
+        recipe = recipe_for(o, variant=o.variant, draft_vocab=o.draft_vocab,
+                            vocab_coverage=coverage, block_size=o.block_size, layers=o.layers,
+                            rank_hidden=o.rank_hidden, rank_start=start, cross_fraction=o.cross_fraction,
+                            decay=o.decay, valid_prefix=valid, normalise=o.normalise,
+                            cross_block_start=o.cross_block_start)
         recipe.warmup_ratio = 0.015  # paper: 1.5% warmup
         return fit_features(t, examples, model, SpecBlockLoss(model, settings), list(model.taps),
                             lambda folder: save_specblock(folder, model, t, recipe.__dict__), recipe, o, data_file)

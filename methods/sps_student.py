@@ -105,12 +105,12 @@ class StudentTrainer(MethodTrainer):
         layer_numbers(o.layers, "--layers", required=True)
 
     def train(self, o: StudentTrainOptions) -> dict:
-        from specbench.training.fit import fit_features, make_recipe, training_data
+        from specbench.training.fit import fit_features, recipe_for, training_data
 
         t, data_file, examples = training_data(o)
         chosen = layer_numbers(o.layers, "--layers", required=True)
         student = build_student(t, chosen)
-        recipe = make_recipe(o.lr, o.epochs, o.batch_size, o.max_length, dtype=o.dtype, layers=chosen)
+        recipe = recipe_for(o, layers=chosen)
         return fit_features(t, examples, student, lambda b: distillation_loss(student, b), [-1],
                             lambda folder: save_student(folder, student, t, chosen, recipe.__dict__), recipe, o,
                             data_file)

@@ -57,11 +57,11 @@ class ToyTrainer(MethodTrainer):
 
     def train(self, o):
         from specbench.training.checkpoint import save_drafter, target_fingerprint
-        from specbench.training.fit import fit_features, make_recipe, training_data
+        from specbench.training.fit import fit_features, recipe_for, training_data
 
         target, data_file, examples = training_data(o)
         model = Bigram(target.vocab_size, o.rank).to(target.device)
-        recipe = make_recipe(o.lr, o.epochs, o.batch_size, o.max_length, dtype=o.dtype, rank=o.rank)
+        recipe = recipe_for(o, rank=o.rank)
         config = {"method": "toy", "target": target_fingerprint(target), "architecture": {"rank": o.rank}}
         return fit_features(target, examples, model, lambda b: bigram_loss(model, b), [-1],
                             lambda folder: save_drafter(folder, model.state_dict(), {**config, "recipe": recipe.__dict__}),

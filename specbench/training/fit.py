@@ -65,10 +65,12 @@ def training_data(options):
     return t, data_file, examples
 
 
-def make_recipe(lr: float, epochs: int, batch_size: int, max_length: int, dtype: str = "float32", **extra) -> Recipe:
-    """The shared recipe; ``extra`` (method settings) is recorded with the checkpoint."""
-    return Recipe(lr=lr, epochs=epochs, batch_size=batch_size, max_length=max_length, grad_clip=0.5,
-                  eval_every=100, save_every=50, dtype=dtype, extra=extra)
+def recipe_for(options, max_length: int | None = None, **extra) -> Recipe:
+    """The shared recipe from a trainer's options (learning rate, epochs, batch, length, dtype and the
+    evaluation spacing); ``extra`` (method settings) is recorded with the checkpoint."""
+    return Recipe(lr=options.lr, epochs=options.epochs, batch_size=options.batch_size,
+                  max_length=options.max_length if max_length is None else max_length, grad_clip=0.5,
+                  eval_every=options.eval_every, save_every=50, dtype=options.dtype, extra=extra)
 
 
 def note_processes(recipe: Recipe) -> None:
@@ -128,7 +130,6 @@ def fit_features(target, examples: list[dict], module, loss_fn, taps: list[int],
     from specbench.training.features import FeatureCache, iterate_batches
 
     length = recipe.max_length
-    recipe.eval_every = options.eval_every
     recipe.extra["target_dtype"] = str(target.dtype).removeprefix("torch.")
     cache = (FeatureCache(cache_dir() / "features" / data_file.stem, taps, length, target.dtype)
              if options.cache_features else None)
