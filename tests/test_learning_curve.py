@@ -107,3 +107,18 @@ def test_trained_drafter_folder_has_its_curve(models, tmp_path, capsys, monkeypa
     assert [p["step"] for p in points] == [3] and points[0]["tokens"] > 0
     assert json.loads((folder / "eval.json").read_text())["steps"] == 3
     assert "## Learning curve" in (folder / "README.md").read_text() and (folder / "learning_curve.png").is_file()
+
+
+def test_model_card_lists_accuracy_by_depth_in_depth_order(tmp_path):
+    """A 16-deep drafter's card reads acc_1, acc_2, ..., acc_16 (not acc_1, acc_10, acc_11, ...)."""
+    from safetensors.torch import save_file
+    import torch
+
+    from specbench.training.model_card import write_model_card
+
+    save_file({"w": torch.zeros(1)}, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps({"method": "toy", "target": {"name": "t"}, "recipe": {}}))
+    evaluation = {f"acc_{k}": 1 / k for k in range(1, 17)} | {"tau_proxy": 1.5}
+    card = write_model_card(tmp_path, evaluation).read_text()
+    row = next(line for line in card.splitlines() if "top-1 accuracy by depth" in line)
+    assert [c.strip().split("=")[0] for c in row.split("|")[2].split(",")] == [f"acc_{k}" for k in range(1, 17)]

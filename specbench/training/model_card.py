@@ -14,7 +14,8 @@ def write_model_card(folder: str | Path, evaluation: dict) -> Path:
     recipe = config.get("recipe", {})
     extra = recipe.get("extra", {})
     size_mib = (folder / "model.safetensors").stat().st_size / 2**20
-    accs = {k: v for k, v in sorted(evaluation.items()) if k.startswith("acc_")}
+    # by depth (acc_2 before acc_10), not by name
+    accs = dict(sorted(((k, v) for k, v in evaluation.items() if k.startswith("acc_")), key=lambda kv: int(kv[0][4:])))
     epochs = recipe.get("epochs")
     lines = [
         f"# {config.get('method', 'drafter')} for {config.get('target', {}).get('name', '?')}",
