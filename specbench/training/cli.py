@@ -13,6 +13,7 @@ import typer
 from typer.core import TyperGroup
 
 from specbench.training.checks import check_options, prompt_file
+from specbench.training.heap import return_large_frees_to_os
 from specbench.training.plugin import TrainOptions, field_metadata
 
 
@@ -76,6 +77,7 @@ def run_trainer(trainer, values: dict) -> dict:
     options = trainer.Options(**values)
     method = trainer()
     check_options(values, _rules(trainer.Options), then=lambda: method.check(options))
+    return_large_frees_to_os()
     return method.train(options)
 
 
