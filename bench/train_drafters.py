@@ -33,8 +33,9 @@ DATA = ["--limit", "8100", "--max-new-tokens", "256", "--held-out", "0.03"]
 # Feature-based trainers: 384-token sequences; bf16: the frozen target's taps come from a bf16 forward and
 # the drafter trains under autocast (fp32 weights). (PACER packs replayed steps and replays in fp32.)
 FAST = ["--epochs", "1", "--dtype", "bfloat16", "--max-length", "384"]
+FAST_2_EPOCHS = ["--epochs", "2", *FAST[2:]]  # the same, two epochs
 # SpecBlock keeps the paper's 2 target-shaped layers; a 1,024-token head keeps it under 20 MiB.
-SPECBLOCK = ["specblock", "--epochs", "2", *FAST[2:], "--draft-vocab", "1024", "--rank-hidden", "128"]
+SPECBLOCK = ["specblock", *FAST_2_EPOCHS, "--draft-vocab", "1024", "--rank-hidden", "128"]
 # EAGLE-3 and SpecBlock trained one epoch, still improving, then a second: a one-epoch cosine run extended
 # to a two-epoch one (the learning rate jumps back up at step 914). SpecBlock's ablations repeat exactly
 # that schedule, so the ablation table compares drafters trained alike.
@@ -48,12 +49,12 @@ def recipes(runs: Path) -> dict[str, list[str]]:
     # of the paper's 50 (the student's drafts past 8 are almost never accepted; later positions reuse e_8).
     PACER = ["pacer", "--draft", str(runs / "sps" / "drafter"), "--epochs", "2", "--window", "8", "--limit", "600"]
     return {
-        "eagle3": ["eagle3", "--epochs", "2", *FAST[2:], "--draft-vocab", "4096"],
+        "eagle3": ["eagle3", *FAST_2_EPOCHS, "--draft-vocab", "4096"],
         "specblock": SPECBLOCK,
         # Two layers (the default three are 22 MiB in bf16, over the 20 MiB a shipped drafter may take);
         # two epochs: a block drafter predicts 15 positions from one anchor and learns slower than EAGLE-3.
         # Its held-out pass scores every anchor of every answer (~4.5 min here): every 200 steps, not 100.
-        "dflash": ["dflash", "--epochs", "2", *FAST[2:], "--layers", "2", "--eval-every", "200"],
+        "dflash": ["dflash", *FAST_2_EPOCHS, "--layers", "2", "--eval-every", "200"],
         "sps": ["sps-student", *FAST],
         "medusa": ["medusa", *FAST],
         "pacer": PACER,

@@ -60,10 +60,9 @@ class DFlashTrainer(MethodTrainer):
         typer.echo(f"dflash: {o.layers} layers, block {o.block_size}, taps {model.config.target_layer_ids}, mask id "
                    f"{mask}, gamma {gamma}, draft vocabulary {o.draft_vocab or t.vocab_size} ({100 * coverage:.2f}% of "
                    "response tokens)")
-        recipe = recipe_for(o, layers=o.layers,
-                            block_size=o.block_size, anchors=o.anchors, gamma=gamma, mask_token_id=mask,
-                            target_layer_ids=model.config.target_layer_ids, draft_vocab=o.draft_vocab,
-                            vocab_coverage=coverage)
+        recipe = recipe_for(o, layers=o.layers, block_size=o.block_size, anchors=o.anchors, gamma=gamma,
+                            mask_token_id=mask, target_layer_ids=model.config.target_layer_ids,
+                            draft_vocab=o.draft_vocab, vocab_coverage=coverage)
         recipe.warmup_ratio, recipe.grad_clip = 0.04, 1.0  # the reference recipe
         return fit_features(t, examples, model, lambda b: model.training_loss(b, anchors=o.anchors, gamma=gamma),
                             list(model.taps), lambda folder: model.save(folder, t, recipe.__dict__), recipe, o,

@@ -35,7 +35,6 @@ class Eagle3Trainer(MethodTrainer):
         d2t, t2d, coverage = build_vocab_mapping(token_counts(examples, t.vocab_size), o.draft_vocab)
         typer.echo(f"draft vocabulary {o.draft_vocab}: {100 * coverage:.2f}% of response tokens")
         model = Eagle3Model.from_target(t, (d2t, t2d))
-        recipe = recipe_for(o, draft_vocab=o.draft_vocab,
-                            vocab_coverage=coverage, unroll_steps=o.steps)
+        recipe = recipe_for(o, draft_vocab=o.draft_vocab, vocab_coverage=coverage, unroll_steps=o.steps)
         return fit_features(t, examples, model, lambda b: model.training_loss(b, steps=o.steps), list(model.taps),
                             lambda folder: model.save(folder, t, recipe.__dict__), recipe, o, data_file)

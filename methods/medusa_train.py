@@ -32,8 +32,7 @@ class MedusaTrainer(MethodTrainer):
 
         t, data_file, examples = training_data(o)
         model = MedusaHeads.for_target(t, num_heads=o.heads, num_layers=o.layers, shared_lm_head=o.shared_lm_head)
-        recipe = recipe_for(o, heads=o.heads, layers=o.layers,
-                            shared_lm_head=o.shared_lm_head)
+        recipe = recipe_for(o, heads=o.heads, layers=o.layers, shared_lm_head=o.shared_lm_head)
         recipe.warmup_ratio = 0.1
         return fit_features(t, examples, model, model.training_loss, [-1],
                             lambda folder: save_medusa(folder, model, t, recipe.__dict__, dtype=torch.bfloat16),
