@@ -24,16 +24,31 @@ import time
 from pathlib import Path
 
 from specbench.machine_load import load_average
+from specbench.runner import parse_also
 
 BENCHES = ("mt_bench", "humaneval", "math500", "natural_questions", "wmt23", "alpaca")
 TARGET = "smollm2-135m"
 BUDGET = 16
 
-# group -> (main method, extra sides). Every group also runs vanilla, the speedup's baseline.
+ROOT = Path(__file__).resolve().parent.parent
+# SpecBlock's ablated drafters trained one epoch (bench/train_drafters.py), so their base is SpecBlock after its
+# first epoch (shipped beside the two-epoch `specblock`); each side's label says so, keeping these rows apart
+# from the main table's `specblock` (a label's records pool across files).
+ABLATION_BASE = f"drafters/{TARGET}/specblock-epoch1"
+
+
+def one_epoch(method: str, drafter: str = "") -> str:
+    """A side spec (as --also takes it) labelled ``METHOD (1 epoch)``, on ``drafter`` when given."""
+    return method + (f"@path={drafter}" if drafter else "") + f"@label={method} (1 epoch)"
+
+
+# group -> (main side, extra sides), each a side spec as --also takes it (name[@key=value...][@label=LABEL]).
+# Every group also runs vanilla, the speedup's baseline.
 GROUPS: dict[str, tuple[str, list[str]]] = {
     "main": ("specblock", ["eagle3", "sps", "medusa", "dflash", "ddtree", "pacer", "sps-confidence"]),
-    "specblock-ablations": ("specblock", ["specblock-no-broadcast", "specblock-no-shift",
-                                          "specblock-no-valid-prefix", "specblock-uniform-tree"]),
+    "specblock-ablations": (one_epoch("specblock", ABLATION_BASE),
+                            [one_epoch("specblock-no-broadcast"), one_epoch("specblock-no-shift"),
+                             one_epoch("specblock-no-valid-prefix"), one_epoch("specblock-uniform-tree", ABLATION_BASE)]),
     "ddtree-budgets": ("dflash", ["ddtree@budget=8", "ddtree@budget=16", "ddtree@budget=32", "ddtree@budget=64"]),
     # t = 0.15: the paper's t = 0.7 is never crossed by this student's block means (held-out maximum 0.39).
     "pacer": ("pacer", ["pacer@threshold=0.15", "pacer-no-pos", "pacer-no-growth", "sps@gamma=2", "sps@gamma=4", "sps@gamma=6",
@@ -55,8 +70,11 @@ def plan(limit: int, repeats: int, stream_limit: int, passes: int) -> list[tuple
     # and this CPU's fp32 verify cost grows past it); the DDTree sweep's own budgets win in their labels.
     common = ["--target", TARGET, "--dtype", "float32", "--max-new-tokens", "128", "--budget", str(BUDGET), "--resume"]
 
-    def sides(method: str, also: list[str]) -> list[str]:
-        return ["--method", method] + [arg for side in also for arg in ("--also", side)]
+    def sides(main: str, also: list[str]) -> list[str]:
+        side = parse_also(main)
+        opts = [arg for key, value in side.options.items() for arg in ("--opt", f"{key}={value}")]
+        label = ["--label", side.label] if side.label != main else []
+        return ["--method", side.method, *opts, *label] + [arg for spec in also for arg in ("--also", spec)]
 
     for bench in BENCHES:
         for group, (method, also) in GROUPS.items():
@@ -127,7 +145,7 @@ def main() -> None:
             continue
         load = wait_until_idle(args.max_load, args.wait)
         print(f"[{time.strftime('%H:%M:%S')}] load {load:.2f}: {line}", flush=True)
-        code = subprocess.call(specbench + argv)
+        code = subprocess.call(specbench + argv, cwd=ROOT)  # paths in the plan are the checkout's
         if code:
             sys.exit(f"reference_set: {name} stopped with exit code {code}; rerun to resume it")
 

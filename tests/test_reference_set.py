@@ -2,6 +2,7 @@
 claim's sides in one file, the mixed stream twice, a sampled run; every run resumable and exact (fp32)."""
 
 import importlib.util
+import json
 from pathlib import Path
 
 from specbench.drafter import available_methods
@@ -17,9 +18,14 @@ def load_plan():
 
 
 def sides(argv):
-    out = [argv[argv.index("--method") + 1]]
-    out += [argv[i + 1] for i, a in enumerate(argv) if a == "--also"]
-    return out
+    """The run's side labels: --label (else --method), then each --also spec's label."""
+    main = argv[argv.index("--label") + 1] if "--label" in argv else argv[argv.index("--method") + 1]
+    also = [argv[i + 1] for i, a in enumerate(argv) if a == "--also"]
+    return [main] + [spec.split("@label=", 1)[1] if "@label=" in spec else spec for spec in also]
+
+
+def methods(argv):
+    return [argv[argv.index("--method") + 1]] + [argv[i + 1].split("@")[0] for i, a in enumerate(argv) if a == "--also"]
 
 
 def test_plan_covers_every_bench_method_and_claim():
@@ -29,18 +35,35 @@ def test_plan_covers_every_bench_method_and_claim():
         assert argv[:1] == ["run"] and "--resume" in argv and argv[argv.index("--dtype") + 1] == "float32"
         assert argv[argv.index("--max-new-tokens") + 1] == "128" and argv[argv.index("--out") + 1] == out
         assert argv[argv.index("--budget") + 1] == "16"  # every tree method at one node budget
-        assert {s.split("@")[0] for s in sides(argv)} <= set(available_methods())
+        assert set(methods(argv)) <= set(available_methods())
     t0 = [argv for out, argv in runs if out.endswith("_T0.jsonl") and "mixed" not in out]
     for bench in ("mt_bench", "humaneval", "math500", "natural_questions", "wmt23", "alpaca"):
         ran = [a for a in t0 if a[a.index("--bench") + 1] == bench]
         assert all(int(a[a.index("--limit") + 1]) >= 24 for a in ran)
         together = [set(sides(a)) for a in ran]
         assert any({"specblock", "eagle3"} <= s for s in together)  # SpecBlock vs EAGLE-3 in one file
-        assert any({"specblock", "specblock-no-shift", "specblock-no-broadcast",
-                    "specblock-no-valid-prefix"} <= s for s in together)
+        assert any({"specblock (1 epoch)", "specblock-no-shift (1 epoch)", "specblock-no-broadcast (1 epoch)",
+                    "specblock-no-valid-prefix (1 epoch)", "specblock-uniform-tree (1 epoch)"} <= s for s in together)
         assert any({"dflash", "ddtree@budget=8", "ddtree@budget=64"} <= s for s in together)
         assert any({"pacer", "sps@gamma=2", "sps@gamma=8"} <= s for s in together)
     streams = [a for out, a in runs if "_mixed_" in out]
     assert any({"specblock", "specblock-osd", "specblock-adapt"} <= set(sides(a)) for a in streams)
     assert any("dvi" in sides(a) for a in streams) and all(a[a.index("--passes") + 1] == "2" for a in streams)
     assert any(a[a.index("--temperature") + 1] == "1" for _, a in runs)
+
+
+def test_the_ablation_run_compares_drafters_trained_alike_and_its_claim_pairs_them():
+    from specbench.orderings import _agree, _match, load_claims
+
+    module, runs = load_plan()
+    argv = next(a for out, a in runs if "specblock-ablations_humaneval" in out)
+    # The base is SpecBlock after one epoch, like the ablated drafters; the uniform tree runs on it too.
+    base = module.ROOT / module.ABLATION_BASE
+    assert (base / "config.json").is_file() and argv[argv.index("--opt") + 1] == f"path={module.ABLATION_BASE}"
+    assert json.loads((base / "config.json").read_text())["recipe"]["epochs"] == 1
+    assert any(spec.startswith(f"specblock-uniform-tree@path={module.ABLATION_BASE}@") for spec in argv)
+    claim = next(c for c in load_claims() if "ablation" in c.text)
+    labels = sides(argv) + ["vanilla", "specblock"]  # the main run's two-epoch specblock must not pair
+    bases, variants = _match(claim.a, labels), _match(claim.b, labels)
+    pairs = {(a, b) for a, ga in bases.items() for b, gb in variants.items() if _agree(ga, gb)}
+    assert pairs == {("specblock (1 epoch)", label) for label in sides(argv)[1:]}

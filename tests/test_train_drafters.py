@@ -80,9 +80,21 @@ def test_a_recipe_overrides_the_shared_data_options_it_sets_itself(tmp_path):
 def test_extended_drafters_train_one_epoch_then_continue_to_two(tmp_path):
     module = load_script()
     plan = module.recipes(tmp_path)
-    for name in ("eagle3", "specblock", "specblock-no-shift"):
+    for name in ("eagle3", "specblock"):
         assert [module.epochs_of(s) for s in module.stages(name, plan[name])] == [1, 2], name
     assert module.stages("dflash", plan["dflash"]) == [plan["dflash"]]  # one fresh two-epoch schedule
     first, second = module.stages("specblock", plan["specblock"])
     assert first[first.index("--epochs") + 1:] != second[second.index("--epochs") + 1:]
     assert [a for a in first if a != "1"] == [a for a in second if a != "2"]  # nothing else differs
+
+
+def test_specblock_ablations_train_like_the_first_stage_of_specblock(tmp_path):
+    # The ablation table's base (specblock-epoch1) is SpecBlock's first stage; each ablated drafter differs
+    # from it by its --variant only.
+    module = load_script()
+    plan = module.recipes(tmp_path)
+    first = module.stages("specblock", plan["specblock"])[0]
+    assert module.stages(module.ABLATION_BASE, plan[module.ABLATION_BASE]) == [first]
+    for variant in ("no-broadcast", "no-shift", "no-valid-prefix"):
+        argv = plan[f"specblock-{variant}"]
+        assert module.stages(f"specblock-{variant}", argv) == [argv] and argv == [*first, "--variant", variant]
