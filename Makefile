@@ -38,7 +38,7 @@ gpu-check:
 	$(SRC) $(PY) bench/gpu_check.py --device cuda $(if $(GPU_METHODS),--methods $(GPU_METHODS))
 
 run:
-	$(VENV)/bin/specbench run --method specblock --bench humaneval --limit 3 --max-new-tokens 64 --budget 16 --out results/quickstart.jsonl
+	$(VENV)/bin/specbench run --method specblock --bench humaneval --limit 3 --max-new-tokens 64 --budget 16 --out runs/quickstart.jsonl
 
 # Retrain every shipped drafter (hours of CPU; resumable; `bench/train_drafters.py --install` ships them).
 drafters:
