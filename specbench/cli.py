@@ -316,7 +316,7 @@ def list_models() -> None:
 def report(
     results: list[str] = typer.Argument(None, help="Result files or globs (default results/*.jsonl)."),
     out_dir: Path = typer.Option(Path("reports"), help="Where tables and figures go."),
-    show: bool = typer.Option(False, help="Print the main table to the console."),
+    show: bool = typer.Option(False, help="Print the main table (and the mixed streams' table) to the console."),
 ) -> None:
     """Regenerate the paper-style tables and figures from run records."""
     from specbench import report as rep
@@ -324,7 +324,8 @@ def report(
     sources = results or ["results/*.jsonl"]
     written = rep.write_report(sources, out_dir=out_dir)
     if show:
-        console.print(rep.rich_main_table(sources))
+        for table in rep.rich_tables(sources):
+            console.print(table)
     console.print(f"report: {len(written)} files in {out_dir}/ (open {out_dir}/index.html)")
 
 

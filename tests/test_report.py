@@ -14,7 +14,7 @@ from specbench import metrics
 from specbench.errors import SpecbenchError
 from specbench.records import GenerationRecord
 from specbench.report import (DEFAULT_PAPER_NUMBERS, build_report, load_results, missing_reasons, rich_main_table,
-                              speedup_ci, tau_ci, write_report)
+                              rich_tables, speedup_ci, tau_ci, write_report)
 from specbench.report.figures import block_figures, sweep_frame
 
 META = {"target": "smollm2-135m", "dtype": "bf16", "device": "cpu", "hardware": "AMD EPYC 9B14 (2 threads)",
@@ -282,6 +282,45 @@ def test_paper_comparison_side_by_side(simple: Path, tmp_path: Path):
     assert {"SpecBlock", "DVI"} <= set(data.paper)
     assert data.paper_temperature.isna().sum() == (data.paper == "PACER").sum()  # PACER states no temperature
     assert (data.paper_temperature.dropna() == 0).all()  # never the T = 1 rows
+
+
+def test_mixed_stream_has_its_own_table_and_never_enters_a_benchmark_mean(full: Path, tmp_path: Path):
+    # specblock ran the benches and, much slower, a mixed stream; dvi only the stream.
+    stream = vanilla_records(benches=("mixed",), prompts=4) + \
+        method_records("specblock", benches=("mixed",), quality=0, draft=0.9, prompts=4) + \
+        method_records("dvi", benches=("mixed",), quality=1, draft=0.5, prompts=4)
+    write_jsonl(full / "c.jsonl", stream, method="dvi", bench="mixed")
+    records, _ = load_results(full)
+    report = build_report(full, reps=0)
+
+    main = report.main.data.set_index("method")
+    assert "dvi" not in main.index and "mixed_spd" not in main.columns
+    # Mean = the mean over the two benches specblock ran; its slow stream run does not pull it down.
+    assert main.at["specblock", "mean_spd"] == pytest.approx(
+        (main.at["specblock", "humaneval_spd"] + main.at["specblock", "mt_bench_spd"]) / 2)
+    bench_specblock = [r for r in records if r.method == "specblock" and r.bench != "mixed"]
+    assert main.at["specblock", "td_percent"] == pytest.approx(100 * metrics.draft_share(bench_specblock))
+
+    streams = report.streams.data.set_index("method")
+    assert sorted(streams.index) == ["dvi", "specblock"] and "humaneval_spd" not in streams.columns
+    stream_specblock = [r for r in records if r.method == "specblock" and r.bench == "mixed"]
+    assert streams.at["specblock", "mean_spd"] == pytest.approx(streams.at["specblock", "mixed_spd"])
+    assert streams.at["specblock", "td_percent"] == pytest.approx(100 * metrics.draft_share(stream_specblock))
+    assert streams.at["specblock", "mixed_spd"] < main.at["specblock", "mean_spd"]
+
+    # The ablation table compares a base with its ablations on the benches the ablations ran only.
+    ablation = report.ablation.data.set_index("method")
+    assert "mixed_spd" not in ablation.columns
+    assert ablation.at["specblock", "mean_spd"] == pytest.approx(main.at["specblock", "mean_spd"])
+
+    assert [t.title for t in rich_tables(report)] == [report.main.title, report.streams.title]
+    written = {p.name for p in write_report(full, tmp_path / "out", figures=False)}
+    assert {"main_table.md", "streams_table.md", "streams_table.csv", "streams_table.tex"} <= written
+
+
+def test_no_streams_table_without_a_stream(simple: Path):
+    report = build_report(simple, reps=0)
+    assert report.streams is None and len(rich_tables(report)) == 1
 
 
 def test_rich_main_table(simple: Path):

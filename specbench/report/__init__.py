@@ -20,16 +20,16 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "build": ("Report", "build_report", "write_report", "rich_main_table"),
+    "build": ("Report", "build_report", "write_report", "rich_main_table", "rich_tables"),
     "records": ("PathSpec", "ResultFile", "resolve_paths", "read_result_file", "load_result_files", "load_results",
                 "block_records", "block_sides"),
-    "names": ("Block", "VANILLA", "MEAN", "MethodInfo", "bench_key", "bench_label", "block_label", "budget_of",
+    "names": ("Block", "VANILLA", "MEAN", "MethodInfo", "bench_key", "bench_label", "is_stream", "block_label", "budget_of",
               "normalise_bench", "normalise_method", "side_infos"),
     "stats": ("BOOTSTRAP_REPS", "BOOTSTRAP_SEED", "BOLD_REPS", "CELL_COLUMNS", "bootstrap_ci", "speedup_ci", "tau_ci",
               "cell_frame", "method_frame", "missing_reasons", "mean_over_benches", "loaded_cells",
-              "significant_cells"),
+              "significant_cells", "of_kind", "blocks_of_kind"),
     "table": ("Cell", "Table", "DASH", "fmt_spd", "fmt_tau", "fmt_pct", "fmt_delta", "fmt_ci", "fmt_spd_n"),
-    "tables": ("main_table", "companion_table", "ablation_groups", "ablation_table", "provenance_lines"),
+    "tables": ("main_table", "streams_table", "companion_table", "ablation_groups", "ablation_table", "provenance_lines"),
     "papers": ("DEFAULT_PAPER_NUMBERS", "load_paper_numbers", "paper_comparison_table", "best_of_sweeps",
                "paper_metric_cells", "paper_metric_table"),
     "method_tables": ("register_table", "table_functions", "registered_tables"),

@@ -19,18 +19,18 @@ from specbench.report.papers import (DEFAULT_PAPER_NUMBERS, load_paper_numbers, 
 from specbench.report.records import PathSpec, ResultFile, block_records, block_sides, load_result_files
 from specbench.report.render import (flat_headers, render_csv, render_index_html, render_latex,
                                      render_markdown)
-from specbench.report.stats import (BOLD_REPS, BOOTSTRAP_REPS, BOOTSTRAP_SEED, cell_frame, loaded_cells,
-                                    method_frame, significant_cells)
+from specbench.report.stats import (BOLD_REPS, BOOTSTRAP_REPS, BOOTSTRAP_SEED, blocks_of_kind, cell_frame,
+                                    loaded_cells, method_frame, of_kind, significant_cells)
 from specbench.report.table import Table
-from specbench.report.tables import ablation_table, companion_table, main_table, provenance_lines
+from specbench.report.tables import ablation_table, companion_table, main_table, provenance_lines, streams_table
 
 
 @dataclass
 class Report:
     files: list[ResultFile]
     blocks: dict[Block, list[GenerationRecord]]
-    cells: pd.DataFrame
-    methods: pd.DataFrame
+    cells: pd.DataFrame  # every (block, method, bench) cell, mixed streams included
+    methods: pd.DataFrame  # per (block, method) over the single benchmarks' records
     main: Table
     companion: Table
     ablation: Table | None
@@ -40,10 +40,16 @@ class Report:
     orderings: Table | None = None
     sides: dict[Block, dict[str, MethodInfo]] = field(default_factory=dict)
     drafters: Table | None = None  # the held-out figures of the drafter folders the records name
+    streams: Table | None = None  # the main table's layout for the mixed streams, when any ran
+
+    @property
+    def bench_cells(self) -> pd.DataFrame:
+        """The cells of the single benchmarks (what means over benches and the trade-off figure use)."""
+        return of_kind(self.cells, streams=False)
 
     @property
     def tables(self) -> list[Table]:
-        return [t for t in (self.main, self.companion, self.ablation, *self.method_tables, self.papers,
+        return [t for t in (self.main, self.streams, self.companion, self.ablation, *self.method_tables, self.papers,
                             self.paper_metric, self.orderings, self.drafters) if t is not None]
 
     def table(self, name: str) -> Table | None:
@@ -58,19 +64,24 @@ def build_report(results: PathSpec, paper_numbers: str | Path | None = DEFAULT_P
     blocks = block_records(files)
     sides = block_sides(files)
     cells = cell_frame(blocks, reps=reps, seed=seed)
-    methods = method_frame(blocks)
+    # Mixed streams get a table of their own: a benchmark mean, T_D% or paper row never pools a stream run.
+    bench_cells, methods = of_kind(cells, streams=False), method_frame(blocks_of_kind(blocks, streams=False))
     prov = provenance_lines(files)
     papers = None
     if paper_numbers is not None and Path(paper_numbers).is_file():
         known = [info for block in sides.values() for info in block.values()]
-        papers = paper_comparison_table(cells, methods, load_paper_numbers(paper_numbers, known), files,
+        papers = paper_comparison_table(bench_cells, methods, load_paper_numbers(paper_numbers, known), files,
                                         prov + [f"paper numbers: {Path(paper_numbers).name}"])
-    bold = significant_cells(files, reps=BOLD_REPS if reps else 0, seed=seed)  # reps=0: a preview, no tests
-    main = main_table(cells, methods, prov, bold, loaded_cells(files))
+    bold_reps, loaded = BOLD_REPS if reps else 0, loaded_cells(files)  # reps=0: a preview, no tests
+    main = main_table(bench_cells, methods, prov, significant_cells(files, bold_reps, seed), loaded)
+    streams = None
+    if stream_blocks := blocks_of_kind(blocks, streams=True):
+        streams = streams_table(of_kind(cells, streams=True), method_frame(stream_blocks), prov,
+                                significant_cells(files, bold_reps, seed, streams=True), loaded)
     orderings = orderings_table(ordering_frame(files, seed=seed), prov) if reps else None
     return Report(files, blocks, cells, methods, main, companion_table(cells, prov), ablation_table(cells, sides, prov),
                   papers, registered_tables(blocks, prov), paper_metric_table(files), orderings, sides,
-                  drafters_table(files, prov))
+                  drafters_table(files, prov), streams)
 
 
 def write_report(results_glob_or_paths: PathSpec = "results/*.jsonl", out_dir: str | Path = "reports",
@@ -99,11 +110,19 @@ def write_report(results_glob_or_paths: PathSpec = "results/*.jsonl", out_dir: s
 
 def rich_main_table(source: "Report | PathSpec"):
     """The main table as a rich.table.Table for the console."""
+    return rich_tables(source)[0]
+
+
+def rich_tables(source: "Report | PathSpec") -> list:
+    """The main table, then the mixed streams' table when any stream ran, as rich.table.Tables."""
+    report = source if isinstance(source, Report) else build_report(source, reps=0)
+    return [_rich(t) for t in (report.main, report.streams) if t is not None]
+
+
+def _rich(table: Table):
     from rich.table import Table as RichTable
     from rich.text import Text
 
-    report = source if isinstance(source, Report) else build_report(source, reps=0)
-    table = report.main
     rich = RichTable(title=table.title, caption="\n".join(table.provenance), caption_justify="left")
     for head, align in zip(flat_headers(table), table.align):
         rich.add_column(head, justify="left" if align == "l" else "right")

@@ -199,7 +199,7 @@ def block_figures(report, block: Block) -> dict[str, Figure]:
         figs["accept_length_hist"] = histogram_figure(series, f"Accepted length per verify call — {label}")
     if shares := stage_shares(records):
         figs["stage_breakdown"] = stage_figure(shares, f"Decode time per stage — {label}")
-    if not (points := tradeoff_frame(report.cells, report.methods, block)).empty:
+    if not (points := tradeoff_frame(report.bench_cells, report.methods, block)).empty:
         figs["speedup_vs_td"] = tradeoff_figure(points, f"Speedup vs drafting cost — {label}")
     if not (sweep := sweep_frame(report.cells, block)).empty:
         figs["budget_sweep"] = budget_figure(sweep, f"τ and speedup vs node budget — {label}")

@@ -39,6 +39,14 @@ def bench_key(bench: str) -> tuple[int, str]:
     return (BENCH_ORDER.index(bench) if bench in BENCH_ORDER else len(BENCH_ORDER), bench)
 
 
+def is_stream(bench: str) -> bool:
+    """A mixed query stream (``mixed``, ``a+b``): reported in a table of its own, never pooled into a
+    benchmark mean."""
+    from specbench.streams import stream_parts
+
+    return stream_parts(bench) is not None
+
+
 def bench_label(bench: str) -> str:
     return BENCH_LABELS.get(bench, bench)
 

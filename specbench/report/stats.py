@@ -16,7 +16,7 @@ from specbench.machine_load import under_load
 from specbench.orderings import units
 from specbench.paired import percentile_interval, resampled_sums, significant_best
 from specbench.records import GenerationRecord
-from specbench.report.names import MEAN, VANILLA, Block, bench_key
+from specbench.report.names import MEAN, VANILLA, Block, bench_key, is_stream
 from specbench.report.records import ResultFile, files_by_block
 
 BOOTSTRAP_REPS = 1000
@@ -138,26 +138,45 @@ def mean_over_benches(cells: pd.DataFrame, column: str, benches: Iterable[str] |
     return part.groupby(["target", "temperature", "method"], sort=True)[column].mean()
 
 
+def of_kind(cells: pd.DataFrame, streams: bool) -> pd.DataFrame:
+    """The cells of the single benchmarks (``streams=False``) or of the mixed streams, with only the methods
+    that ran on at least one of them: a stream-only learner has no row in the benchmark table, and a
+    stream run never enters a benchmark mean."""
+    part = cells[cells.bench.map(is_stream) == streams]
+    ran = part.groupby(["target", "temperature", "method"]).n_prompts.transform("sum") > 0
+    return part[ran]
+
+
+def blocks_of_kind(blocks: dict[Block, list[GenerationRecord]], streams: bool) -> dict[Block, list[GenerationRecord]]:
+    """``blocks`` with only the records of the single benchmarks (or only those of the mixed streams)."""
+    kept = {block: [r for r in recs if is_stream(r.bench) == streams] for block, recs in blocks.items()}
+    return {block: recs for block, recs in kept.items() if recs}
+
+
 def loaded_cells(files: Sequence[ResultFile]) -> frozenset:
     """(target, T, method, bench) of every record in a file recorded under load (machine_load.under_load)."""
     return frozenset((*f.block, r.method, r.bench) for f in files
                      if under_load(f.meta, [r.load_avg for r in f.records]) for r in f.records)
 
 
-def significant_cells(files: Sequence[ResultFile], reps: int = BOLD_REPS, seed: int = BOOTSTRAP_SEED) -> frozenset:
+def significant_cells(files: Sequence[ResultFile], reps: int = BOLD_REPS, seed: int = BOOTSTRAP_SEED,
+                      streams: bool = False) -> frozenset:
     """(target, T, method, bench or 'mean') whose speedup is the column's best with a paired bootstrap interval
-    against the runner-up above 1 (``paired.significant_best``); nothing when ``reps`` is 0."""
+    against the runner-up above 1 (``paired.significant_best``), over the single benchmarks (or, with
+    ``streams``, the mixed streams; 'mean' pools the benches of that kind); nothing when ``reps`` is 0."""
     if not reps:
         return frozenset()
     out = set()
     for block, group in files_by_block(files).items():
         labels = sorted({r.method for f in group for r in f.records} - {VANILLA})
-        benches = sorted({r.bench for f in group for r in f.records})
-        for bench in benches + [None]:
-            sides = {label: units(group, label, bench, False) for label in labels}
+        benches = sorted({r.bench for f in group for r in f.records if is_stream(r.bench) == streams})
+        columns = [(bench, [bench]) for bench in benches] + ([(MEAN, benches)] if benches else [])
+        for column, pooled in columns:
+            sides = {label: {key: row for b in pooled for key, row in units(group, label, b, False).items()}
+                     for label in labels}
             best = significant_best({k: v for k, v in sides.items() if v}, "speedup", reps, seed)
             if best:
-                out.add((*block, best, bench or MEAN))
+                out.add((*block, best, column))
     return frozenset(out)
 
 

@@ -51,9 +51,30 @@ def provenance_lines(files: Sequence[ResultFile]) -> list[str]:
 def main_table(cells: pd.DataFrame, methods: pd.DataFrame, provenance: Sequence[str] = (),
                bold: frozenset = frozenset(), loaded: frozenset = frozenset()) -> Table:
     """SpecBlock Table 1 layout: a block per (target, T), a row per method, Spd (n)/τ per bench, Mean with the
-    cost model's ideal speedup and efficiency, T_D%, greedy match. ``bold``: (target, T, method, bench or
-    'mean') whose speedup's paired interval excludes the runner-up's; ``loaded``: (target, T, method, bench)
-    recorded under load."""
+    cost model's ideal speedup and efficiency, T_D%, greedy match. ``cells``/``methods``: the single
+    benchmarks' (stats.of_kind, stats.blocks_of_kind); ``bold``: (target, T, method, bench or 'mean') whose
+    speedup's paired interval excludes the runner-up's; ``loaded``: (target, T, method, bench) recorded under
+    load."""
+    return _speedup_table("main_table", "Speedup (Spd) over vanilla and mean accepted length τ per benchmark",
+                          "Spd (n=prompts) = end-to-end speedup over the same file's vanilla; Mean = mean over the "
+                          "benchmarks each method ran (n summed; mixed streams are in streams_table)",
+                          cells, methods, provenance, bold, loaded)
+
+
+def streams_table(cells: pd.DataFrame, methods: pd.DataFrame, provenance: Sequence[str] = (),
+                  bold: frozenset = frozenset(), loaded: frozenset = frozenset()) -> Table:
+    """The main table's layout for the mixed query streams (``--bench mixed --passes N``), where the methods
+    that learn while serving are measured: one column per stream, its own mean, T_D% and greedy match over
+    the stream records only."""
+    return _speedup_table("streams_table", "Speedup (Spd) over vanilla and mean accepted length τ on mixed "
+                          "query streams (methods that learn while serving, and their static baselines)",
+                          "Spd (n=queries over all passes) = end-to-end speedup over the same file's vanilla on "
+                          "the same stream; Mean = mean over the streams each method ran",
+                          cells, methods, provenance, bold, loaded)
+
+
+def _speedup_table(name: str, title: str, spd_note: str, cells: pd.DataFrame, methods: pd.DataFrame,
+                   provenance: Sequence[str], bold: frozenset, loaded: frozenset) -> Table:
     benches = sorted(cells.bench.unique(), key=bench_key)
     columns, groups = _bench_groups(benches, ["Method"])
     columns += ["Spd", "τ", "Ideal", "Eff.", "T_D%", "Greedy"]
@@ -87,8 +108,7 @@ def main_table(cells: pd.DataFrame, methods: pd.DataFrame, provenance: Sequence[
             rows.append(row)
             records.append(data)
         sections.append((block_label((target, temp)), rows))
-    notes = ["Spd (n=prompts) = end-to-end speedup over the same file's vanilla; Mean = mean over the benchmarks "
-             "each method ran (n summed); T_D% = drafter share of decode time over all its prompts; bold = the "
+    notes = [f"{spd_note}; T_D% = drafter share of decode time over all its prompts in this table; bold = the "
              "best speedup of its column within a block whose paired bootstrap interval (over prompt turns, "
              f"{BOLD_REPS} resamples) against the runner-up lies above 1 (Mean: pooled over the benchmarks)",
              "Ideal = τ · t_vanilla_step / (t_draft + t_verify) from the measured forward times per verify call "
@@ -99,8 +119,7 @@ def main_table(cells: pd.DataFrame, methods: pd.DataFrame, provenance: Sequence[
         notes.append(f"{MARK} = recorded under load: other work took more than {LOAD_SHARE:.0%} of the machine's "
                      "CPUs before the run or after one of its turns (header load_start, record load_avg); its timings are suspect")
     notes += [f"{m} × {b} ({block_label((t, temp))}): {why}" for (t, temp, m, b), why in missing_reasons(cells).items()]
-    return Table("main_table", "Speedup (Spd) over vanilla and mean accepted length τ per benchmark", columns,
-                 groups, sections, pd.DataFrame(records), notes, list(provenance))
+    return Table(name, title, columns, groups, sections, pd.DataFrame(records), notes, list(provenance))
 
 
 def companion_table(cells: pd.DataFrame, provenance: Sequence[str] = ()) -> Table:
@@ -170,7 +189,9 @@ def ablation_table(cells: pd.DataFrame, sides: Mapping[Block, Mapping[str, Metho
             labels = [label for label in labels if label in set(block.method)]
             if not any(here[label].ablation_of for label in labels):  # its ablations did not run
                 continue
-            part = block[block.method.isin(labels)]
+            # Only the benches an ablation ran: the base's other runs (e.g. a mixed stream) are no comparison.
+            variants = block[block.method.isin([label for label in labels if here[label].ablation_of])]
+            part = block[block.method.isin(labels) & block.bench.isin(set(variants.bench))]
             benches_all.update(part.bench)
             plan.append(((target, temp), fam, labels, part))
     if not plan:
