@@ -114,9 +114,11 @@ def rich_main_table(source: "Report | PathSpec"):
 
 
 def rich_tables(source: "Report | PathSpec") -> list:
-    """The main table, then the mixed streams' table when any stream ran, as rich.table.Tables."""
+    """The main table, then the mixed streams' table when any stream ran, as rich.table.Tables (a main table
+    without rows, when only streams ran, is left out)."""
     report = source if isinstance(source, Report) else build_report(source, reps=0)
-    return [_rich(t) for t in (report.main, report.streams) if t is not None]
+    shown = [t for t in (report.main, report.streams) if t is not None and t.sections]
+    return [_rich(t) for t in shown or [report.main]]
 
 
 def _rich(table: Table):
