@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
+from specbench.streams import stream_parts
+
 Block = tuple[str, float]  # (target, temperature): one group of rows in every table
 
 VANILLA = "vanilla"
@@ -42,8 +44,6 @@ def bench_key(bench: str) -> tuple[int, str]:
 def is_stream(bench: str) -> bool:
     """A mixed query stream (``mixed``, ``a+b``): reported in a table of its own, never pooled into a
     benchmark mean."""
-    from specbench.streams import stream_parts
-
     return stream_parts(bench) is not None
 
 

@@ -187,11 +187,12 @@ def ablation_table(cells: pd.DataFrame, sides: Mapping[Block, Mapping[str, Metho
         here = sides.get((target, temp), {})
         for fam, labels in ablation_groups(here).items():
             labels = [label for label in labels if label in set(block.method)]
-            if not any(here[label].ablation_of for label in labels):  # its ablations did not run
+            ablations = [label for label in labels if here[label].ablation_of]
+            if not ablations:  # its ablations did not run
                 continue
             # Only the benches an ablation ran: the base's other runs (e.g. a mixed stream) are no comparison.
-            variants = block[block.method.isin([label for label in labels if here[label].ablation_of])]
-            part = block[block.method.isin(labels) & block.bench.isin(set(variants.bench))]
+            ablation_benches = set(block[block.method.isin(ablations)].bench)
+            part = block[block.method.isin(labels) & block.bench.isin(ablation_benches)]
             benches_all.update(part.bench)
             plan.append(((target, temp), fam, labels, part))
     if not plan:
