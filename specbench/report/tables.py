@@ -185,8 +185,9 @@ def ablation_table(cells: pd.DataFrame, sides: Mapping[Block, Mapping[str, Metho
     plan = []
     for (target, temp), block in ran.groupby(["target", "temperature"], sort=True):
         here = sides.get((target, temp), {})
+        present = set(block.method)
         for fam, labels in ablation_groups(here).items():
-            labels = [label for label in labels if label in set(block.method)]
+            labels = [label for label in labels if label in present]
             ablations = [label for label in labels if here[label].ablation_of]
             if not ablations:  # its ablations did not run
                 continue
