@@ -78,7 +78,7 @@ class PreVerifier(torch.nn.Module):
         if self.pos is not None:
             x = x + self.pos(draft_pos.clamp(max=self.window))
         out = self.body(inputs_embeds=x, position_ids=position_ids, attention_mask=attention_mask,
-                        past_key_values=cache, use_cache=cache is not None)
+                        use_cache=cache is not None, **kvcache.cache_arg(self.body, cache))
         return self.head(out.last_hidden_state).squeeze(-1)
 
     def trainable_parameters(self) -> int:
@@ -187,7 +187,8 @@ def _free_drafts(model, cache, n_cached: int, roots: list[tuple[int, int]], leng
         visible = torch.cat([prefix] + [own] * (d + 1), dim=1)
         mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, torch.finfo(dtype).min)
         out = model(input_ids=tokens.unsqueeze(0), position_ids=(positions + d).unsqueeze(0),
-                    attention_mask=mask[None, None], past_key_values=cache, use_cache=True, output_hidden_states=True)
+                    attention_mask=mask[None, None], use_cache=True, output_hidden_states=True,
+                    **kvcache.cache_arg(model, cache))
         states.append(out.hidden_states[-1][0])
         tokens = out.logits[0, :, :vocab].argmax(-1)
     return torch.stack(states, 1)
@@ -208,8 +209,8 @@ def pack_example(draft_model, example: dict, window: int, vocab: int,
         return None
     device = next(draft_model.parameters()).device
     cache = DynamicCache()
-    out = draft_model(input_ids=torch.tensor([tokens], device=device), use_cache=True, past_key_values=cache,
-                      output_hidden_states=True)
+    out = draft_model(input_ids=torch.tensor([tokens], device=device), use_cache=True,
+                      output_hidden_states=True, **kvcache.cache_arg(draft_model, cache))
     forced = out.hidden_states[-1][0]  # [N, H]: state at j produced the draft for position j + 1
     greedy = out.logits[0, :, :vocab].argmax(-1).tolist()
     steps = replay_steps(greedy, tokens, start)
@@ -359,8 +360,8 @@ class PacerDrafter(SpSDrafter):
         x = torch.tensor([ids], device=self.device)
         pos = torch.arange(start, start + len(ids), device=self.device).unsqueeze(0)
         with torch.inference_mode(), state.timer.forward("drafter"):
-            out = self.model(input_ids=x, position_ids=pos, past_key_values=self.cache, use_cache=True,
-                             output_hidden_states=True)
+            out = self.model(input_ids=x, position_ids=pos, use_cache=True, output_hidden_states=True,
+                             **kvcache.cache_arg(self.model, self.cache))
         self.hidden = torch.cat([self.hidden[:start], out.hidden_states[-1][0].to(self.hidden.dtype)])
         return out
 

@@ -124,7 +124,8 @@ class SpSDrafter(Drafter):
         x = torch.tensor([ids], device=self.device)
         pos = torch.arange(start, start + len(ids), device=self.device).unsqueeze(0)
         with torch.inference_mode(), state.timer.forward("drafter"):
-            return self.model(input_ids=x, position_ids=pos, past_key_values=self.cache, use_cache=True)
+            return self.model(input_ids=x, position_ids=pos, use_cache=True,
+                              **kvcache.cache_arg(self.model, self.cache))
 
     def _logits(self, ids: list[int], start: int, state: DecodeState) -> torch.Tensor:
         return self._run(ids, start, state).logits[0, -1, : self.vocab]

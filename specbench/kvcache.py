@@ -7,7 +7,23 @@ whose sign convention changed across versions.
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
+
+
+@functools.lru_cache(maxsize=None)
+def cache_keyword(forward) -> str:
+    """The keyword a model or layer ``forward`` takes its cache by: ``cache`` in newer transformers
+    (which deprecate ``past_key_values`` and will drop it, after which the cache would be silently
+    ignored), ``past_key_values`` before."""
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
+def cache_arg(module: torch.nn.Module, cache) -> dict:
+    """``{keyword: cache}`` for calling ``module`` (a model or a decoder layer) with ``cache``."""
+    return {cache_keyword(type(module).forward): cache}
 
 
 def seq_length(cache) -> int:

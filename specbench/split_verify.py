@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
+from specbench import kvcache
 from specbench.errors import SpecbenchError
 from specbench.timing import NULL_TIMER, PhaseTimer
 
@@ -78,8 +79,8 @@ def _run_layers(target: "Target", hidden: torch.Tensor, start: int, layers, mask
     rope = target.model.model.rotary_emb(x, position_ids=positions)
     outs = [hidden]
     for layer in layers:
-        x = layer(x, attention_mask=mask, position_ids=positions, past_key_values=target.cache, use_cache=True,
-                  position_embeddings=rope)
+        x = layer(x, attention_mask=mask, position_ids=positions, use_cache=True, position_embeddings=rope,
+                  **kvcache.cache_arg(layer, target.cache))
         outs.append(x[0])
     return outs
 

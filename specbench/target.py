@@ -288,8 +288,8 @@ class Target:
     # ---- forwards -----------------------------------------------------------------------
     def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor | None,
                  taps: Sequence[int], keep_last: bool, timer: PhaseTimer = NULL_TIMER) -> TargetOutput:
-        kwargs = dict(input_ids=input_ids, position_ids=position_ids, past_key_values=self.cache, use_cache=True,
-                      output_hidden_states=bool(taps))
+        kwargs = dict(input_ids=input_ids, position_ids=position_ids, use_cache=True,
+                      output_hidden_states=bool(taps), **kvcache.cache_arg(self.model, self.cache))
         if mask is not None:
             kwargs["attention_mask"] = mask
         if keep_last and self._keep_kw:

@@ -12,7 +12,7 @@ import torch
 from drafters import RandomTreeDrafter, RandomTreeOptions, random_tree
 from methods.sps import SpSDrafter, SpSOptions
 from methods.vanilla import VanillaDrafter
-from specbench import devices, verify
+from specbench import devices, kvcache, verify
 from specbench.devices import choose_dtype, resolve_device
 from specbench.engine import GenerationConfig, generate
 from specbench.errors import SpecbenchError
@@ -248,7 +248,7 @@ def test_chain_attention_switch_is_per_call_and_lossless():
     forward = target.model.forward
 
     def spy(*args, **kwargs):
-        if "past_key_values" in kwargs:  # the target's own forwards (not the test oracle's)
+        if kvcache.cache_keyword(type(target.model).forward) in kwargs:  # the target's own forwards (not the test oracle's)
             used.append((target.config._attn_implementation, kwargs.get("attention_mask") is not None))
         return forward(*args, **kwargs)
 

@@ -113,3 +113,21 @@ def test_forward_shallow_refuses_pending_rows_of_other_states():
     forward_shallow(target, ShallowStates(2), [4])
     with pytest.raises(ValueError, match="another ShallowStates"):
         forward_shallow(target, ShallowStates(2), [4])
+
+
+def test_cache_is_passed_by_the_keyword_the_installed_transformers_takes():
+    """Newer transformers renamed ``past_key_values`` to ``cache`` and warn on the old name; once the
+    old name is dropped a forward would ignore the cache. Neither the target's forwards nor the split
+    layers' nor a draft model's may trigger that warning, and the keyword follows the signature."""
+    import warnings
+
+    from specbench import kvcache
+
+    assert kvcache.cache_keyword(lambda x, cache=None: x) == "cache"
+    assert kvcache.cache_keyword(lambda x, past_key_values=None: x) == "past_key_values"
+    target = tiny_target(2, layers=4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for drafter in (DVIDrafter(DVIOptions(layer=2, k=3)), SpSDrafter(SpSOptions(gamma=3), model=tiny_llama(1))):
+            generate(target, ready(drafter, target), [3, 17, 5], GenerationConfig(max_new_tokens=8))
+    assert not [w for w in caught if "past_key_values" in str(w.message)]
