@@ -2,6 +2,8 @@
 equals a full forward (fp32), shallow states reach verify only as an argument, and the target
 carries no state or method of its own for it."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -9,7 +11,7 @@ from drafters import RandomTreeDrafter, RandomTreeOptions
 from methods.dvi import DVIDrafter, DVIOptions
 from methods.sps import SpSDrafter, SpSOptions
 from methods.vanilla import VanillaDrafter
-from specbench import split_verify
+from specbench import kvcache, split_verify
 from specbench.engine import GenerationConfig, generate
 from specbench.split_verify import ShallowStates, forward_shallow
 from specbench.target import Target
@@ -119,10 +121,6 @@ def test_cache_is_passed_by_the_keyword_the_installed_transformers_takes():
     """Newer transformers renamed ``past_key_values`` to ``cache`` and warn on the old name; once the
     old name is dropped a forward would ignore the cache. Neither the target's forwards nor the split
     layers' nor a draft model's may trigger that warning, and the keyword follows the signature."""
-    import warnings
-
-    from specbench import kvcache
-
     assert kvcache.cache_keyword(lambda x, cache=None: x) == "cache"
     assert kvcache.cache_keyword(lambda x, past_key_values=None: x) == "past_key_values"
     target = tiny_target(2, layers=4)
