@@ -248,7 +248,8 @@ def test_chain_attention_switch_is_per_call_and_lossless():
     forward = target.model.forward
 
     def spy(*args, **kwargs):
-        if kvcache.cache_keyword(type(target.model).forward) in kwargs:  # the target's own forwards (not the test oracle's)
+        # the target's own forwards (not the test oracle's) pass a cache
+        if kvcache.cache_keyword(type(target.model).forward) in kwargs:
             used.append((target.config._attn_implementation, kwargs.get("attention_mask") is not None))
         return forward(*args, **kwargs)
 
