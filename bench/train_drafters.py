@@ -42,8 +42,9 @@ SPECBLOCK_1_EPOCH = ["specblock", *FAST, *SPECBLOCK_HEAD]
 # to a two-epoch one (the learning rate jumps back up at step 914).
 EXTENDED = ("eagle3", "specblock")
 # SpecBlock's ablation table compares drafters trained alike, for one epoch each (a run must finish inside
-# one working session of this 2-core machine): the three ablated drafters and `specblock-epoch1`, which
-# is the first stage of SpecBlock's own run (the same one-epoch schedule), shipped as the table's base.
+# one working session of this 2-core machine): the three ablated drafters and `specblock-epoch1`, the full
+# drafter on the same one-epoch schedule, shipped as the table's base. All four start from the identity
+# W_shift (those with a shift); the two-epoch `specblock` predates it and started from a random one.
 ABLATION_BASE = "specblock-epoch1"
 
 

@@ -101,6 +101,19 @@ class BlockOutput:
     kv: list[KV]  # per layer, keys/values of the N new rows
 
 
+def identity_shift(hidden: int) -> nn.Linear:
+    """W_shift = [I, 0]: a new drafter starts as the no-shift network and learns what to take from slot k-1.
+    The paper gives no initialisation. nn.Linear's random one squeezes the residual stream through a badly
+    conditioned random map that a short run never undoes (SmolLM2's one-epoch W_shift ended at its init's
+    norm, and the no-shift ablation beat it at every depth). No RNG draw: the other weights match the
+    no-shift network of the same seed."""
+    proj = nn.utils.skip_init(nn.Linear, 2 * hidden, hidden, bias=False)
+    with torch.no_grad():
+        proj.weight.zero_()
+        proj.weight[:, :hidden].copy_(torch.eye(hidden))
+    return proj
+
+
 class SpecBlockModel(nn.Module):
     """The drafter. The token embedding is the target's, frozen and referenced (not saved)."""
 
@@ -115,7 +128,7 @@ class SpecBlockModel(nn.Module):
         self.input_layer = InputLayer(config)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
         n_shift = config.num_layers - 1 if config.layer_shift else 0
-        self.shift_proj = nn.ModuleList(nn.Linear(2 * h, h, bias=False) for _ in range(n_shift))
+        self.shift_proj = nn.ModuleList(identity_shift(h) for _ in range(n_shift))
         self.norm = RMSNorm(h, config.rms_norm_eps)
         self.lm_head = nn.Linear(h, config.draft_vocab_size, bias=False)
         self.rank_head = nn.Sequential(nn.Linear(h + RANK_FEATURES, config.rank_hidden, bias=False), nn.SiLU(),

@@ -87,7 +87,8 @@ class SpecBlockTrainer(MethodTrainer):
         recipe = recipe_for(o, variant=o.variant, draft_vocab=o.draft_vocab, vocab_coverage=coverage,
                             block_size=o.block_size, layers=o.layers, rank_hidden=o.rank_hidden, rank_start=start,
                             cross_fraction=o.cross_fraction, decay=o.decay, valid_prefix=valid,
-                            normalise=o.normalise, cross_block_start=o.cross_block_start)
+                            normalise=o.normalise, cross_block_start=o.cross_block_start,
+                            shift_init="identity" if config.layer_shift else "none")  # drafters before it: random
         recipe.warmup_ratio = 0.015  # paper: 1.5% warmup
         return fit_features(t, examples, model, SpecBlockLoss(model, settings), list(model.taps),
                             lambda folder: save_specblock(folder, model, t, recipe.__dict__), recipe, o, data_file)

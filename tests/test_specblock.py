@@ -71,6 +71,8 @@ def block_forward(model, target, queries=None):
                          ids=["full", "no-shift", "no-broadcast"])
 def test_slot_k_depends_only_on_slots_up_to_k(target, variant):
     model = fresh(target, **variant)
+    for proj in model.shift_proj:  # a trained shift mixes in slot k-1 (a new one is the identity)
+        torch.nn.init.normal_(proj.weight, std=0.3)
     queries = model.input_layer.position_queries.weight.detach().clone()
     before = block_forward(model, target)
     for k in range(K - 1):
@@ -95,6 +97,18 @@ def test_layer_shift_carries_the_previous_slot():
     blocks = x.view(2, K, hidden)
     torch.testing.assert_close(shifted[:, 1:], blocks[:, :-1])
     torch.testing.assert_close(shifted[:, 0], blocks[:, 0])  # h_{-1} := h_0, and blocks never mix
+
+
+def test_a_new_drafter_with_the_shift_computes_what_the_no_shift_one_does(target):
+    """W_shift starts as [I, 0] and draws nothing from the RNG: same seed, same network until training."""
+    full, ablated = fresh(target), fresh(target, layer_shift=False)
+    assert len(full.shift_proj) == full.config.num_layers - 1 and not ablated.shift_proj
+    h = target.hidden_size
+    for proj in full.shift_proj:
+        torch.testing.assert_close(proj.weight, torch.cat([torch.eye(h), torch.zeros(h, h)], 1))
+    shared = {k: v for k, v in full.state_dict().items() if not k.startswith("shift_proj.")}
+    torch.testing.assert_close(shared, ablated.state_dict())
+    torch.testing.assert_close(block_forward(full, target), block_forward(ablated, target))
 
 
 def test_prefix_broadcast_ablation_gives_later_slots_only_their_query(target):
