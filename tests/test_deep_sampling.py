@@ -184,8 +184,8 @@ CASES = {
     "medusa": (medusa, "rows_off_by_one"),
     "eagle3": (eagle3, "rows_off_by_one"),
     "specblock": (specblock(), "rows_off_by_one"),
-    "specblock-no-broadcast": (specblock(prefix_broadcast=False), "rows_off_by_one"),
-    "specblock-no-shift": (specblock(layer_shift=False), "rows_off_by_one"),
+    "specblock-no-broadcast": (specblock(prefix_broadcast=False, steps=300), "rows_off_by_one"),  # ablations learn slower
+    "specblock-no-shift": (specblock(layer_shift=False, steps=300), "rows_off_by_one"),
     "specblock-no-valid-prefix": (specblock(), "rows_off_by_one"),
     "specblock-uniform-tree": (specblock(options=method_class("specblock-uniform-tree").Options(
         budget=24, beam_width=4, uniform_width=3)), "rows_off_by_one"),

@@ -89,8 +89,8 @@ def test_extended_drafters_train_one_epoch_then_continue_to_two(tmp_path):
 
 
 def test_specblock_ablations_train_like_the_first_stage_of_specblock(tmp_path):
-    # The ablation table's base (specblock-epoch1) is SpecBlock's first stage; each ablated drafter differs
-    # from it by its --variant only.
+    # The ablation table's base (specblock-epoch1) trains with the recipe of SpecBlock's first stage; each
+    # ablated drafter differs from it by its --variant only.
     module = load_script()
     plan = module.recipes(tmp_path)
     first = module.stages("specblock", plan["specblock"])[0]
