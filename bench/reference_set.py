@@ -31,24 +31,26 @@ TARGET = "smollm2-135m"
 BUDGET = 16
 
 ROOT = Path(__file__).resolve().parent.parent
-# SpecBlock's ablated drafters trained one epoch (bench/train_drafters.py), so their base is SpecBlock after its
-# first epoch (shipped beside the two-epoch `specblock`); each side's label says so, keeping these rows apart
-# from the main table's `specblock` (a label's records pool across files).
-ABLATION_BASE = f"drafters/{TARGET}/specblock-epoch1"
+# SpecBlock's ablated drafters trained 400 steps (bench/train_drafters.py's ABLATION_STEPS), so their base is
+# the full SpecBlock trained the same way (shipped beside the two-epoch `specblock`); each side's label says
+# so, keeping these rows apart from the main table's `specblock` (a label's records pool across files).
+ABLATION_STEPS = 400
+ABLATION_BASE = f"drafters/{TARGET}/specblock-{ABLATION_STEPS}-steps"
 
 
-def one_epoch(method: str, drafter: str = "") -> str:
-    """A side spec (as --also takes it) labelled ``METHOD (1 epoch)``, on ``drafter`` when given."""
-    return method + (f"@path={drafter}" if drafter else "") + f"@label={method} (1 epoch)"
+def ablation_side(method: str, drafter: str = "") -> str:
+    """A side spec (as --also takes it) labelled ``METHOD (400 steps)``, on ``drafter`` when given."""
+    return method + (f"@path={drafter}" if drafter else "") + f"@label={method} ({ABLATION_STEPS} steps)"
 
 
 # group -> (main side, extra sides), each a side spec as --also takes it (name[@key=value...][@label=LABEL]).
 # Every group also runs vanilla, the speedup's baseline.
 GROUPS: dict[str, tuple[str, list[str]]] = {
     "main": ("specblock", ["eagle3", "sps", "medusa", "dflash", "ddtree", "pacer", "sps-confidence"]),
-    "specblock-ablations": (one_epoch("specblock", ABLATION_BASE),
-                            [one_epoch("specblock-no-broadcast"), one_epoch("specblock-no-shift"),
-                             one_epoch("specblock-no-valid-prefix"), one_epoch("specblock-uniform-tree", ABLATION_BASE)]),
+    "specblock-ablations": (ablation_side("specblock", ABLATION_BASE),
+                            [ablation_side("specblock-no-broadcast"), ablation_side("specblock-no-shift"),
+                             ablation_side("specblock-no-valid-prefix"),
+                             ablation_side("specblock-uniform-tree", ABLATION_BASE)]),
     "ddtree-budgets": ("dflash", ["ddtree@budget=8", "ddtree@budget=16", "ddtree@budget=32", "ddtree@budget=64"]),
     # t = 0.15: the paper's t = 0.7 is never crossed by this student's block means (held-out maximum 0.39).
     "pacer": ("pacer", ["pacer@threshold=0.15", "pacer-no-pos", "pacer-no-growth", "sps@gamma=2", "sps@gamma=4", "sps@gamma=6",

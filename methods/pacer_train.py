@@ -15,6 +15,7 @@ import torch
 from methods.pacer import PreVerifier, collate, draft_fingerprint, pack_example, pacer_loss, save_preverifier
 from specbench.target import Target
 from specbench.training.learning_curve import curve_section
+from specbench.training.model_card import schedule_length
 from specbench.training.plugin import MethodTrainer, TrainOptions, option
 
 
@@ -129,7 +130,7 @@ def write_card(folder: Path, evaluation: dict, stats: dict) -> None:
              f"{arch['window']}: {stats.get('train_steps')} draft steps, {stats.get('train_rows')} labelled drafts, "
              f"{100 * stats.get('train_positive_rate', 0):.1f}% accepted |",
              f"| recipe | AdamW {recipe.get('betas')} lr {recipe.get('lr')}, cosine, warmup {recipe.get('warmup_ratio')}, "
-             f"batch {recipe.get('batch_size')} responses, {recipe.get('epochs')} epochs, binary CE |",
+             f"batch {recipe.get('batch_size')} responses, {schedule_length(recipe)}, binary CE |",
              f"| steps / wall time | {evaluation.get('steps')} / {evaluation.get('wall_time_s')} s on {extra.get('hardware', 'CPU')} "
              f"(+ {stats.get('replay_s')} s replaying SD) |",
              f"| held-out | BCE {evaluation.get('bce', float('nan')):.4f}, accuracy {evaluation.get('accuracy', float('nan')):.4f} "

@@ -80,7 +80,7 @@ class SpecBlockTrainer(MethodTrainer):
         model.d2t.copy_(d2t)
         model.t2d.copy_(t2d)
         n_train = len(examples) - max(1, int(len(examples) * o.held_out))
-        total_steps = o.epochs * ((n_train + o.batch_size - 1) // o.batch_size)
+        total_steps = o.max_steps or o.epochs * ((n_train + o.batch_size - 1) // o.batch_size)
         start = o.rank_start if o.rank_start is not None else total_steps // 4
         settings = LossSettings(valid_prefix=valid, rank_start=start, cross_fraction=o.cross_fraction, decay=o.decay,
                                 normalise=o.normalise, cross_block_start=o.cross_block_start)

@@ -112,6 +112,20 @@ def test_auto_dtype_reads_this_machines_cpu_flags(monkeypatch):
     assert choose_dtype("auto", "cpu")[0] == "float32"
 
 
+def test_training_resolves_auto_and_warns_where_bf16_is_emulated(monkeypatch, capsys):
+    from specbench.training.cli import training_dtype
+
+    monkeypatch.setattr(devices, "cpu_flags", lambda: {"avx2"})  # an AVX2-only CPU
+    assert devices.emulated_bf16("cpu") and training_dtype("auto", "cpu") == "float32"
+    assert "no native bf16" not in capsys.readouterr().err
+    assert training_dtype("bfloat16", "cpu") == "bfloat16"  # kept, with a one-line warning
+    warning = capsys.readouterr().err.strip().splitlines()
+    assert len(warning) == 1 and "no native bf16" in warning[0] and "--dtype auto or float32" in warning[0]
+    monkeypatch.setattr(devices, "cpu_flags", lambda: {"avx2", "avx512_bf16"})
+    assert not devices.emulated_bf16("cpu") and training_dtype("auto", "cpu") == "bfloat16"
+    assert training_dtype("bfloat16", "cpu") == "bfloat16" and not capsys.readouterr().err
+
+
 # ---- random draws on the generator's device -------------------------------------------------------
 def test_every_engine_draw_uses_the_generators_device(monkeypatch):
     """Rules A, B, C and the drafters' own draws: uniforms are made with device=gen.device and

@@ -42,8 +42,9 @@ def test_plan_covers_every_bench_method_and_claim():
         assert all(int(a[a.index("--limit") + 1]) >= 24 for a in ran)
         together = [set(sides(a)) for a in ran]
         assert any({"specblock", "eagle3"} <= s for s in together)  # SpecBlock vs EAGLE-3 in one file
-        assert any({"specblock (1 epoch)", "specblock-no-shift (1 epoch)", "specblock-no-broadcast (1 epoch)",
-                    "specblock-no-valid-prefix (1 epoch)", "specblock-uniform-tree (1 epoch)"} <= s for s in together)
+        assert any({"specblock (400 steps)", "specblock-no-shift (400 steps)", "specblock-no-broadcast (400 steps)",
+                    "specblock-no-valid-prefix (400 steps)", "specblock-uniform-tree (400 steps)"} <= s
+                   for s in together)
         assert any({"dflash", "ddtree@budget=8", "ddtree@budget=64"} <= s for s in together)
         assert any({"pacer", "sps@gamma=2", "sps@gamma=8"} <= s for s in together)
     streams = [a for out, a in runs if "_mixed_" in out]
@@ -57,13 +58,14 @@ def test_the_ablation_run_compares_drafters_trained_alike_and_its_claim_pairs_th
 
     module, runs = load_plan()
     argv = next(a for out, a in runs if "specblock-ablations_humaneval" in out)
-    # The base is SpecBlock after one epoch, like the ablated drafters; the uniform tree runs on it too.
+    # The base is SpecBlock trained 400 steps, like the ablated drafters; the uniform tree runs on it too.
     base = module.ROOT / module.ABLATION_BASE
     assert (base / "config.json").is_file() and argv[argv.index("--opt") + 1] == f"path={module.ABLATION_BASE}"
-    assert json.loads((base / "config.json").read_text())["recipe"]["epochs"] == 1
+    for drafter in (base, *(base.parent / f"specblock-{v}" for v in ("no-broadcast", "no-shift", "no-valid-prefix"))):
+        assert json.loads((drafter / "config.json").read_text())["recipe"]["max_steps"] == module.ABLATION_STEPS
     assert any(spec.startswith(f"specblock-uniform-tree@path={module.ABLATION_BASE}@") for spec in argv)
     claim = next(c for c in load_claims() if "ablation" in c.text)
     labels = sides(argv) + ["vanilla", "specblock"]  # the main run's two-epoch specblock must not pair
     bases, variants = _match(claim.a, labels), _match(claim.b, labels)
     pairs = {(a, b) for a, ga in bases.items() for b, gb in variants.items() if _agree(ga, gb)}
-    assert pairs == {("specblock (1 epoch)", label) for label in sides(argv)[1:]}
+    assert pairs == {("specblock (400 steps)", label) for label in sides(argv)[1:]}

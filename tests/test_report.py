@@ -351,11 +351,11 @@ def test_ablations_group_variants_at_the_same_budget_and_sweeps_stay_apart():
         "specblock": ["specblock", "specblock-uniform-tree"],
         "specblock@budget=16": ["specblock@budget=16", "specblock-no-shift@budget=16"]}
     # A run's own label suffix (here: drafters trained one epoch) keeps its base apart from plain "specblock".
-    meta = {"also": ["specblock-no-shift@label=specblock-no-shift (1 epoch)"], "method": "specblock",
-            "label": "specblock (1 epoch)"}
-    labels = ["specblock (1 epoch)", "specblock-no-shift (1 epoch)", "specblock", "vanilla"]
+    meta = {"also": ["specblock-no-shift@label=specblock-no-shift (400 steps)"], "method": "specblock",
+            "label": "specblock (400 steps)"}
+    labels = ["specblock (400 steps)", "specblock-no-shift (400 steps)", "specblock", "vanilla"]
     assert ablation_groups(side_infos(meta, labels)) == {
-        "specblock (1 epoch)": ["specblock (1 epoch)", "specblock-no-shift (1 epoch)"]}
+        "specblock (400 steps)": ["specblock (400 steps)", "specblock-no-shift (400 steps)"]}
 
 
 def test_rank_head_table_from_confusion_counts(tmp_path: Path):

@@ -160,3 +160,26 @@ def test_train_pacer_on_the_shared_fit_then_run_it(models, tmp_path, capsys, mon
     assert [s["step"] for s in steps if "eval" in s] == [1, 2, 3]  # --eval-every 1; the resumed run adds none
     target = Target.load(models["target"], "float32")
     lossless(target, PacerDrafter(PacerOptions(draft=models["draft"], pacer=str(folder), block=2)))
+
+
+@pytest.mark.parametrize("steps", [2, 5])  # within the first epoch, and on into a second
+def test_max_steps_sets_the_run_length_the_schedule_and_the_card_and_auto_dtype_resolves(steps, models, tmp_path, capsys, monkeypatch):
+    from specbench import devices
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(devices, "cpu_flags", lambda: {"avx2"})  # --dtype auto: float32 on a CPU without bf16
+    out = tmp_path / "b"
+    args = ["train", "specblock", "--layers", "1", "--draft-vocab", "64", "--rank-hidden", "8", "--dtype", "auto",
+            *common(models, tmp_path, out, "deep"), "--max-steps", str(steps)]
+    code, _, err = cli(args, capsys)
+    assert code == 0, err
+    folder = out / "drafter"
+    assert json.loads((folder / "eval.json").read_text())["steps"] == steps  # 3 steps make one epoch here
+    rows = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    lrs = [r["lr"] for r in rows if "lr" in r]
+    assert len(lrs) == steps and lrs[-1] == pytest.approx(0.0, abs=1e-9)  # the cosine ends at step N, not at an epoch
+    config = json.loads((folder / "config.json").read_text())
+    assert config["recipe"]["max_steps"] == steps and config["recipe"]["dtype"] == "float32"
+    assert config["recipe"]["extra"]["rank_start"] == steps // 4  # SpecBlock's rank loss starts a quarter in
+    card = (folder / "README.md").read_text()
+    assert f"max length 64, {steps} steps," in card and "epoch," not in card

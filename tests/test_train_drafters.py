@@ -88,13 +88,16 @@ def test_extended_drafters_train_one_epoch_then_continue_to_two(tmp_path):
     assert [a for a in first if a != "1"] == [a for a in second if a != "2"]  # nothing else differs
 
 
-def test_specblock_ablations_train_like_the_first_stage_of_specblock(tmp_path):
-    # The ablation table's base (specblock-epoch1) trains with the recipe of SpecBlock's first stage; each
-    # ablated drafter differs from it by its --variant only.
+def test_specblock_ablations_train_alike_on_a_short_schedule_of_their_own(tmp_path):
+    # The ablation table's base (specblock-400-steps) is SpecBlock's first stage cut to --max-steps 400 (its own
+    # cosine schedule); each ablated drafter differs from it by its --variant only.
     module = load_script()
     plan = module.recipes(tmp_path)
     first = module.stages("specblock", plan["specblock"])[0]
-    assert module.stages(module.ABLATION_BASE, plan[module.ABLATION_BASE]) == [first]
+    base = plan[module.ABLATION_BASE]
+    assert module.ABLATION_BASE == "specblock-400-steps" and module.stages(module.ABLATION_BASE, base) == [base]
+    assert base[base.index("--max-steps") + 1] == "400"
+    assert [a for a in base if a not in ("--max-steps", "400")] == first
     for variant in ("no-broadcast", "no-shift", "no-valid-prefix"):
         argv = plan[f"specblock-{variant}"]
-        assert module.stages(f"specblock-{variant}", argv) == [argv] and argv == [*first, "--variant", variant]
+        assert module.stages(f"specblock-{variant}", argv) == [argv] and argv == [*base, "--variant", variant]

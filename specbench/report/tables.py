@@ -154,13 +154,13 @@ def companion_table(cells: pd.DataFrame, provenance: Sequence[str] = ()) -> Tabl
 
 def ablation_groups(sides: Mapping[str, MethodInfo]) -> dict[str, list[str]]:
     """Side labels grouped for the ablation table, keyed by the base label (``specblock``,
-    ``specblock@budget=16`` or ``specblock (1 epoch)``): every side whose method declares ``ablation_of``
+    ``specblock@budget=16`` or ``specblock (400 steps)``): every side whose method declares ``ablation_of``
     joins its base method's group with the same label suffix (what follows the method name: a node
     budget, or which drafters a run compared), with the sides of the base method itself; groups without an
     ablation are left out. Labels differing only in budget form a sweep (its own figure), not an ablation."""
     def key(label: str, method: str) -> str:
         info = sides[label]
-        if label.startswith(info.method):  # "specblock-no-shift (1 epoch)" -> "specblock (1 epoch)"
+        if label.startswith(info.method):  # "specblock-no-shift (400 steps)" -> "specblock (400 steps)"
             return method + label[len(info.method):]
         budget = budget_of(label)  # a label of its own: only its node budget groups it
         return method + (f"@budget={budget[1]}" if budget else "")

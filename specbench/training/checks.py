@@ -23,7 +23,7 @@ def check_options(values: dict, rules: dict[str, dict], then: Callable[[], None]
         check_value(name, value, rules.get(name, {}))
     if then is not None:
         then()
-    if "dtype" in values:
+    if values.get("dtype", "auto") != "auto":
         resolve_dtype(values["dtype"])
     if values.get("data_dir"):
         from specbench.benchmarks import check_data_dir_option

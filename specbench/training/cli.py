@@ -77,8 +77,21 @@ def run_trainer(trainer, values: dict) -> dict:
     options = trainer.Options(**values)
     method = trainer()
     check_options(values, _rules(trainer.Options), then=lambda: method.check(options))
+    options.dtype = training_dtype(options.dtype, options.device)
     return_large_frees_to_os()
     return method.train(options)
+
+
+def training_dtype(spec: str, device: str) -> str:
+    """The dtype a run trains in: ``auto`` resolved for the device; a warning where bf16 would be emulated."""
+    from specbench.devices import choose_dtype, emulated_bf16, resolve_device
+
+    resolved = resolve_device(device)
+    dtype, _ = choose_dtype(spec, resolved)
+    if dtype == "bfloat16" and emulated_bf16(resolved):
+        typer.echo("warning: this CPU has no native bf16 (no avx512_bf16/amx_bf16), so --dtype bfloat16 runs "
+                   "several times slower than float32 here; pass --dtype auto or float32", err=True)
+    return dtype
 
 
 # `train data` shares these options' help and rules with the trainers.
@@ -100,7 +113,8 @@ def data(
     max_new_tokens: int = typer.Option(256, help="Response length cap."),
     batch_size: int = typer.Option(8, help="Prompts per generate call."),
     temperature: float = typer.Option(0.0, help="0 = greedy (default), else sampled."),
-    dtype: str = typer.Option("bfloat16", help="Target dtype for generation."),
+    dtype: str = typer.Option("bfloat16", help="Target dtype for generation (auto: bfloat16 where it is native, "
+                                               "else float32)."),
     max_prompt_tokens: int = _shared("max_prompt_tokens"),
     export: Optional[Path] = typer.Option(None, help="Also write the responses (no prompt text) to this "
                                                      ".responses.jsonl.gz, to ship under training_data/<target>/."),
@@ -114,7 +128,7 @@ def data(
     from specbench.training.data import _prompt_digest, export_responses
     from specbench.training.fit import load_data, load_target
 
-    t = load_target(target, dtype, device)
+    t = load_target(target, training_dtype(dtype, device), device)
     out, examples = load_data(t, prompts, data_dir, limit, max_new_tokens, batch_size, temperature, max_prompt_tokens)
     tokens = sum(len(e["response_ids"]) for e in examples)
     if not distributed.current().main:

@@ -34,8 +34,11 @@ def pad_examples(examples: Sequence[dict], max_length: int) -> tuple[torch.Tenso
 @torch.no_grad()  # not inference_mode: autograd must be able to save these as loss inputs
 def target_taps(target: Target, ids: torch.Tensor, attn: torch.Tensor, taps: Sequence[int]) -> dict[int, torch.Tensor]:
     """Hidden states of the requested ``hidden_states`` indices (always including -1), fp32."""
-    out = target.model(input_ids=ids.to(target.device), attention_mask=attn.to(target.device),
-                       output_hidden_states=True, use_cache=False)
+    # The transformer body alone: the CausalLM would also project every position onto the full vocabulary
+    # (a fifth of the forward for a 49k-token head), logits no trainer reads.
+    body = getattr(target.model, "base_model", target.model)
+    out = body(input_ids=ids.to(target.device), attention_mask=attn.to(target.device),
+               output_hidden_states=True, use_cache=False)
     wanted = sorted(set(taps) | {-1})
     return {i: out.hidden_states[i].float() for i in wanted}
 

@@ -68,7 +68,7 @@ def training_data(options):
 def recipe_for(options, max_length: int | None = None, **extra) -> Recipe:
     """The shared recipe from a trainer's options (learning rate, epochs, batch, length, dtype and the
     evaluation spacing); ``extra`` (method settings) is recorded with the checkpoint."""
-    return Recipe(lr=options.lr, epochs=options.epochs, batch_size=options.batch_size,
+    return Recipe(lr=options.lr, epochs=options.epochs, max_steps=options.max_steps, batch_size=options.batch_size,
                   max_length=options.max_length if max_length is None else max_length, grad_clip=0.5,
                   eval_every=options.eval_every, save_every=50, dtype=options.dtype, extra=extra)
 
@@ -109,13 +109,13 @@ def fit(module, loss_fn, items: list, batches: Batches, save: Callable[[Path], N
     trainer = Trainer(module, loss_fn, recipe, out, save=save)
     world = trainer.world
     bs = recipe.batch_size
-    final = trainer.fit(lambda epoch: batches(trains, epoch, world), (len(trains) + bs - 1) // bs,
-                        lambda: batches(evals, None, None))
+    steps_per_epoch = (len(trains) + bs - 1) // bs
+    final = trainer.fit(lambda epoch: batches(trains, epoch, world), steps_per_epoch, lambda: batches(evals, None, None))
     if world.main:
         folder = Path(out) / "drafter"
         (folder / "eval.json").write_text(json.dumps(final, indent=2) + "\n")
         # Logs written before tokens were counted: the mean tokens per step stands in.
-        per_step = recipe.extra.get("train_response_tokens", 0) * recipe.epochs / max(final.get("steps", 0), 1)
+        per_step = recipe.extra.get("train_response_tokens", 0) / max(steps_per_epoch, 1)
         write_learning_curve(folder, curve_points(read_log(trainer.log_path), per_step or None))
         card(folder, final)
         typer.echo(f"held-out: {json.dumps(final)}; {saved} in {folder}")

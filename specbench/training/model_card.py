@@ -8,6 +8,14 @@ from pathlib import Path
 from specbench.training.learning_curve import curve_section
 
 
+def schedule_length(recipe: dict) -> str:
+    """How long a recipe trains, as its card says it: "2 epochs", or "457 steps" under --max-steps."""
+    if recipe.get("max_steps"):
+        return f"{recipe['max_steps']} steps"
+    epochs = recipe.get("epochs")
+    return f"{epochs} epoch{'s' * (epochs != 1)}"
+
+
 def write_model_card(folder: str | Path, evaluation: dict) -> Path:
     folder = Path(folder)
     config = json.loads((folder / "config.json").read_text())
@@ -16,7 +24,6 @@ def write_model_card(folder: str | Path, evaluation: dict) -> Path:
     size_mib = (folder / "model.safetensors").stat().st_size / 2**20
     # by depth (acc_2 before acc_10), not by name
     accs = dict(sorted(((k, v) for k, v in evaluation.items() if k.startswith("acc_")), key=lambda kv: int(kv[0][4:])))
-    epochs = recipe.get("epochs")
     lines = [
         f"# {config.get('method', 'drafter')} for {config.get('target', {}).get('name', '?')}",
         "",
@@ -28,7 +35,7 @@ def write_model_card(folder: str | Path, evaluation: dict) -> Path:
         f"| data | {extra.get('train_examples')} target-regenerated responses ({extra.get('train_response_tokens')} tokens), "
         f"{extra.get('eval_examples')} held out; `{Path(str(extra.get('data', '?'))).name}` |",
         f"| recipe | AdamW lr {recipe.get('lr')}, cosine, warmup {recipe.get('warmup_ratio')}, clip {recipe.get('grad_clip')}, "
-        f"batch {recipe.get('batch_size')}, max length {recipe.get('max_length')}, {epochs} epoch{'s' * (epochs != 1)}, "
+        f"batch {recipe.get('batch_size')}, max length {recipe.get('max_length')}, {schedule_length(recipe)}, "
         f"{recipe.get('dtype', 'float32')} |",
         f"| steps / wall time | {evaluation.get('steps')} / {evaluation.get('wall_time_s')} s on {extra.get('hardware', 'CPU')} |",
         f"| held-out top-1 accuracy by depth | {', '.join(f'{k}={v:.3f}' for k, v in accs.items())} |",

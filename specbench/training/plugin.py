@@ -51,6 +51,8 @@ class TrainOptions:
     limit: Optional[int] = option(400, "Training prompts.", min=1)
     max_new_tokens: int = option(128, "Response length cap when regenerating.", min=1)
     epochs: int = option(3, "Passes over the training data.", min=1)
+    max_steps: Optional[int] = option(None, "Train exactly N optimizer steps instead (the cosine schedule spans N; "
+                                            "overrides --epochs).", min=1)
     lr: float = option(1e-3, "Peak learning rate (AdamW, cosine schedule with warmup).", positive=True)
     batch_size: int = option(8, "Examples per optimizer step.", min=1)
     max_length: int = option(384, "Training sequence length (prompt + response).", min=1)
@@ -61,7 +63,8 @@ class TrainOptions:
     max_prompt_tokens: int = option(512, "Skip prompts longer than this (rendered).", min=1)
     dtype: str = option("float32", "float32, or bfloat16: the frozen target's taps come from a bf16 forward and "
                                    "the drafter trains under autocast (its weights and optimizer state stay fp32); "
-                                   "several times faster on CPUs with native bf16 and on GPUs.")
+                                   "several times faster on CPUs with native bf16 and on GPUs, several times slower "
+                                   "on CPUs without it; auto picks bfloat16 where it is native, else float32.")
     device: str = option("auto", "auto (cuda if available, else cpu), cpu, cuda or cuda:N.")
 
 
