@@ -16,6 +16,7 @@ must be idle: the script waits (up to --wait minutes) until the 1-minute load av
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import subprocess
@@ -36,6 +37,34 @@ ROOT = Path(__file__).resolve().parent.parent
 # so, keeping these rows apart from the main table's `specblock` (a label's records pool across files).
 ABLATION_STEPS = 400
 ABLATION_BASE = f"drafters/{TARGET}/specblock-{ABLATION_STEPS}-steps"
+
+
+ABLATED = ("specblock-no-broadcast", "specblock-no-shift", "specblock-no-valid-prefix")
+
+
+def ablation_drafters() -> dict[str, Path]:
+    """The four drafters SpecBlock's ablation group compares: name -> folder (the ablated ones load from
+    their default folder, which ``$SPECBENCH_DRAFTERS`` may move)."""
+    from methods.checkpoints import shipped_drafter
+
+    return {Path(ABLATION_BASE).name: ROOT / ABLATION_BASE, **{name: shipped_drafter(TARGET, name) for name in ABLATED}}
+
+
+def ablation_problem(drafters: dict[str, Path]) -> str | None:
+    """Why the ablation group cannot run yet (a drafter missing, or not trained like the others), else None."""
+    dtypes = {}
+    for name, folder in drafters.items():
+        retrain = f"train it with `python bench/train_drafters.py --only {name}`, then the same with --install"
+        try:
+            recipe = json.loads((folder / "config.json").read_text())["recipe"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return f"{folder} holds no trained drafter; {retrain}"
+        if recipe.get("max_steps") != ABLATION_STEPS:
+            return f"{folder} was not trained {ABLATION_STEPS} steps like the other ablation drafters; {retrain}"
+        dtypes[name] = recipe.get("dtype")
+    if len(set(dtypes.values())) > 1:
+        return f"the ablation drafters trained in different dtypes ({dtypes}); retrain them alike"
+    return None
 
 
 def ablation_side(method: str, drafter: str = "") -> str:
@@ -145,6 +174,8 @@ def main() -> None:
         if args.list:
             print(line)
             continue
+        if name.startswith("specblock-ablations_") and (problem := ablation_problem(ablation_drafters())):
+            sys.exit(f"reference_set: {problem}")
         load = wait_until_idle(args.max_load, args.wait)
         print(f"[{time.strftime('%H:%M:%S')}] load {load:.2f}: {line}", flush=True)
         code = subprocess.call(specbench + argv, cwd=ROOT)  # paths in the plan are the checkout's

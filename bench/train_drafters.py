@@ -37,10 +37,13 @@ FAST_2_EPOCHS = ["--epochs", "2", *FAST[2:]]  # the same, two epochs
 # SpecBlock keeps the paper's 2 target-shaped layers; a 1,024-token head keeps it under 20 MiB.
 SPECBLOCK_HEAD = ["--draft-vocab", "1024", "--rank-hidden", "128"]
 SPECBLOCK = ["specblock", *FAST_2_EPOCHS, *SPECBLOCK_HEAD]
-# SpecBlock's ablation table: 400 steps (0.44 epoch) on a cosine schedule of its own, so the four drafters
-# (three ablated, one full) train one after another inside one working session of a 2-core CPU.
+# SpecBlock's ablation table: four drafters (three ablated, one full) trained alike, 400 steps (0.44 epoch) on
+# a cosine schedule of their own. float32, so all four train the same way on whichever CPU each one gets
+# (bf16 is native on some CPUs and emulated, several times slower, on others): 20-25 s per step on a 2-core
+# AVX2-only CPU, so each one fits inside one working session there.
 ABLATION_STEPS = 400
-SPECBLOCK_ABLATION = ["specblock", *FAST, "--max-steps", str(ABLATION_STEPS), *SPECBLOCK_HEAD]
+SPECBLOCK_ABLATION = ["specblock", "--epochs", "1", "--dtype", "float32", "--max-length", "384",
+                      "--max-steps", str(ABLATION_STEPS), *SPECBLOCK_HEAD]
 # EAGLE-3 and SpecBlock trained one epoch, still improving, then a second: a one-epoch cosine run extended
 # to a two-epoch one (the learning rate jumps back up at step 914).
 EXTENDED = ("eagle3", "specblock")

@@ -59,13 +59,40 @@ def test_the_ablation_run_compares_drafters_trained_alike_and_its_claim_pairs_th
     module, runs = load_plan()
     argv = next(a for out, a in runs if "specblock-ablations_humaneval" in out)
     # The base is SpecBlock trained 400 steps, like the ablated drafters; the uniform tree runs on it too.
-    base = module.ROOT / module.ABLATION_BASE
-    assert (base / "config.json").is_file() and argv[argv.index("--opt") + 1] == f"path={module.ABLATION_BASE}"
-    for drafter in (base, *(base.parent / f"specblock-{v}" for v in ("no-broadcast", "no-shift", "no-valid-prefix"))):
-        assert json.loads((drafter / "config.json").read_text())["recipe"]["max_steps"] == module.ABLATION_STEPS
+    assert argv[argv.index("--opt") + 1] == f"path={module.ABLATION_BASE}"
     assert any(spec.startswith(f"specblock-uniform-tree@path={module.ABLATION_BASE}@") for spec in argv)
+    drafters = module.ablation_drafters()
+    assert drafters["specblock-400-steps"] == module.ROOT / module.ABLATION_BASE
+    assert set(drafters) == {"specblock-400-steps", *(f"specblock-{v}" for v in ("no-broadcast", "no-shift",
+                                                                                 "no-valid-prefix"))}
+    # Every one of them shipped so far was trained that way (the group refuses to run until all four are).
+    for folder in drafters.values():
+        if (folder / "config.json").is_file():
+            recipe = json.loads((folder / "config.json").read_text())["recipe"]
+            assert (recipe["max_steps"], recipe["dtype"]) == (module.ABLATION_STEPS, "float32"), folder
     claim = next(c for c in load_claims() if "ablation" in c.text)
     labels = sides(argv) + ["vanilla", "specblock"]  # the main run's two-epoch specblock must not pair
     bases, variants = _match(claim.a, labels), _match(claim.b, labels)
     pairs = {(a, b) for a, ga in bases.items() for b, gb in variants.items() if _agree(ga, gb)}
     assert pairs == {("specblock (400 steps)", label) for label in sides(argv)[1:]}
+
+
+def test_the_ablation_group_refuses_to_run_until_its_four_drafters_are_trained_alike(tmp_path):
+    module, _ = load_plan()
+    folders = {name: tmp_path / name for name in ("specblock-400-steps", "specblock-no-shift")}
+
+    def ship(name, **recipe):
+        folders[name].mkdir(exist_ok=True)
+        (folders[name] / "config.json").write_text(json.dumps({"recipe": {"max_steps": 400, "dtype": "float32",
+                                                                          **recipe}}))
+
+    ship("specblock-400-steps")
+    problem = module.ablation_problem(folders)
+    assert "specblock-no-shift holds no trained drafter" in problem
+    assert "python bench/train_drafters.py --only specblock-no-shift" in problem
+    ship("specblock-no-shift", max_steps=None)
+    assert "not trained 400 steps" in module.ablation_problem(folders)
+    ship("specblock-no-shift", dtype="bfloat16")
+    assert "different dtypes" in module.ablation_problem(folders)
+    ship("specblock-no-shift")
+    assert module.ablation_problem(folders) is None

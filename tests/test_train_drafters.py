@@ -90,14 +90,15 @@ def test_extended_drafters_train_one_epoch_then_continue_to_two(tmp_path):
 
 def test_specblock_ablations_train_alike_on_a_short_schedule_of_their_own(tmp_path):
     # The ablation table's base (specblock-400-steps) is SpecBlock's first stage cut to --max-steps 400 (its own
-    # cosine schedule); each ablated drafter differs from it by its --variant only.
+    # cosine schedule) in float32 (native on every CPU); each ablated drafter differs from it by its --variant only.
     module = load_script()
     plan = module.recipes(tmp_path)
     first = module.stages("specblock", plan["specblock"])[0]
     base = plan[module.ABLATION_BASE]
     assert module.ABLATION_BASE == "specblock-400-steps" and module.stages(module.ABLATION_BASE, base) == [base]
     assert base[base.index("--max-steps") + 1] == "400"
-    assert [a for a in base if a not in ("--max-steps", "400")] == first
+    assert base[base.index("--dtype") + 1] == "float32" and first[first.index("--dtype") + 1] == "bfloat16"
+    assert [a for a in base if a not in ("--max-steps", "400", "float32")] == [a for a in first if a != "bfloat16"]
     for variant in ("no-broadcast", "no-shift", "no-valid-prefix"):
         argv = plan[f"specblock-{variant}"]
         assert module.stages(f"specblock-{variant}", argv) == [argv] and argv == [*base, "--variant", variant]
