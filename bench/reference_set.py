@@ -16,7 +16,6 @@ must be idle: the script waits (up to --wait minutes) until the 1-minute load av
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import subprocess
@@ -52,12 +51,15 @@ def ablation_drafters() -> dict[str, Path]:
 
 def ablation_problem(drafters: dict[str, Path]) -> str | None:
     """Why the ablation group cannot run yet (a drafter missing, or not trained like the others), else None."""
+    from specbench.errors import SpecbenchError
+    from specbench.training.checkpoint import read_drafter_config
+
     dtypes = {}
     for name, folder in drafters.items():
         retrain = f"train it with `python bench/train_drafters.py --only {name}`, then the same with --install"
         try:
-            recipe = json.loads((folder / "config.json").read_text())["recipe"]
-        except (OSError, ValueError, KeyError, TypeError):
+            recipe = read_drafter_config(folder)["recipe"]
+        except (SpecbenchError, KeyError, TypeError):
             return f"{folder} holds no trained drafter; {retrain}"
         if recipe.get("max_steps") != ABLATION_STEPS:
             return f"{folder} was not trained {ABLATION_STEPS} steps like the other ablation drafters; {retrain}"

@@ -39,8 +39,8 @@ SPECBLOCK_HEAD = ["--draft-vocab", "1024", "--rank-hidden", "128"]
 SPECBLOCK = ["specblock", *FAST_2_EPOCHS, *SPECBLOCK_HEAD]
 # SpecBlock's ablation table: four drafters (three ablated, one full) trained alike, 400 steps (0.44 epoch) on
 # a cosine schedule of their own. float32, so all four train the same way on whichever CPU each one gets
-# (bf16 is native on some CPUs and emulated, several times slower, on others): 20-25 s per step on a 2-core
-# AVX2-only CPU, so each one fits inside one working session there.
+# (bf16 is native on some CPUs and emulated, several times slower, on others): 14-22 s per step on a 2-core
+# AVX2-only CPU, 2.7 h per drafter with its evaluations, just inside one working session there.
 ABLATION_STEPS = 400
 SPECBLOCK_ABLATION = ["specblock", "--epochs", "1", "--dtype", "float32", "--max-length", "384",
                       "--max-steps", str(ABLATION_STEPS), *SPECBLOCK_HEAD]
@@ -50,7 +50,7 @@ EXTENDED = ("eagle3", "specblock")
 # SpecBlock's ablation table compares drafters trained alike: the three ablated drafters and
 # `specblock-400-steps`, the full drafter on the same schedule, shipped as the table's base. All four start from
 # the identity W_shift (those with a shift); the two-epoch `specblock` predates it and started from a random one.
-# The first of them fills the feature cache; the other three read the target's taps from it.
+# The first of them trained in a session fills the feature cache; later ones read the target's taps from it.
 ABLATION_BASE = f"specblock-{ABLATION_STEPS}-steps"
 
 
