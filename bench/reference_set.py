@@ -52,14 +52,14 @@ def ablation_drafters() -> dict[str, Path]:
 def ablation_problem(drafters: dict[str, Path]) -> str | None:
     """Why the ablation group cannot run yet (a drafter missing, or not trained like the others), else None."""
     from specbench.errors import SpecbenchError
-    from specbench.training.checkpoint import read_drafter_config
+    from specbench.training.checkpoint import config_value, read_drafter_config
 
     dtypes = {}
     for name, folder in drafters.items():
         retrain = f"train it with `python bench/train_drafters.py --only {name}`, then the same with --install"
         try:
-            recipe = read_drafter_config(folder)["recipe"]
-        except (SpecbenchError, KeyError, TypeError):
+            recipe = config_value(read_drafter_config(folder), "recipe", folder)
+        except SpecbenchError:
             return f"{folder} holds no trained drafter; {retrain}"
         if recipe.get("max_steps") != ABLATION_STEPS:
             return f"{folder} was not trained {ABLATION_STEPS} steps like the other ablation drafters; {retrain}"
