@@ -39,8 +39,8 @@ SPECBLOCK_HEAD = ["--draft-vocab", "1024", "--rank-hidden", "128"]
 SPECBLOCK = ["specblock", *FAST_2_EPOCHS, *SPECBLOCK_HEAD]
 # SpecBlock's ablation table: four drafters (three ablated, one full) trained alike, 400 steps (0.44 epoch) on
 # a cosine schedule of their own. float32, so all four train the same way on whichever CPU each one gets
-# (bf16 is native on some CPUs and emulated, several times slower, on others): 14-22 s per step on a 2-core
-# AVX2-only CPU, 1.7-2.7 h per drafter with its evaluations, inside one working session there.
+# (bf16 is native on some CPUs and emulated, several times slower, on others): 7-22 s per step on a 2-core
+# AVX2-only CPU, 1.5-2.7 h per drafter with its evaluations, inside one working session there.
 ABLATION_STEPS = 400
 SPECBLOCK_ABLATION = ["specblock", "--epochs", "1", "--dtype", "float32", "--max-length", "384",
                       "--max-steps", str(ABLATION_STEPS), *SPECBLOCK_HEAD]
