@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from specbench.devices import BF16_CPU_FLAGS
 from specbench.errors import SpecbenchError
 from specbench.records import GenerationRecord
 
@@ -47,6 +48,27 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def _cpu_generation(cpuinfo: str | None = None) -> str:
+    """'family 25 model 1, avx2 only' from /proc/cpuinfo: the model name alone ("AMD EPYC") hides the
+    generation, and with it whether bf16 is native, which decides CPU timings; '' where unknown."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return ""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip():
+            break  # the first processor's block is enough
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    if "cpu family" not in fields or "model" not in fields:
+        return ""
+    flags = set(fields.get("flags", "").split())
+    isa = "/".join(f for f in BF16_CPU_FLAGS if f in flags) or ("avx2 only" if "avx2" in flags else "no avx2")
+    return f"family {fields['cpu family']} model {fields['model']}, {isa}"
+
+
 def _versions() -> dict[str, str]:
     found = {"python": sys.version.split()[0]}
     for pkg in ("specbench", "torch", "transformers", "gguf", "datasets"):
@@ -62,7 +84,8 @@ def hardware(device: torch.device | str) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     threads = torch.get_num_threads()
-    return f"{_cpu_model()} ({threads} thread{'s' if threads != 1 else ''})"
+    generation = _cpu_generation()
+    return f"{_cpu_model()}{f' [{generation}]' if generation else ''} ({threads} thread{'s' if threads != 1 else ''})"
 
 
 def environment_metadata(device: torch.device | str) -> dict:
