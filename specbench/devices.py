@@ -36,15 +36,26 @@ def resolve_device(spec: str | None) -> str:
     return spec
 
 
+def cpu_fields(cpuinfo: str | None = None) -> dict[str, str]:
+    """The first processor's fields in Linux's /proc/cpuinfo ('model name', 'cpu family', 'model', 'flags', ...);
+    empty elsewhere. ``cpuinfo``: that file's text, read here when None."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return {}
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip() and fields:
+            break  # the first processor's block is enough
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
 def cpu_flags() -> set[str]:
     """The CPU feature flags Linux reports (empty elsewhere)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
+    return set(cpu_fields().get("flags", "").split())
 
 
 def emulated_bf16(device: str, flags: set[str] | None = None) -> bool:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from specbench.devices import BF16_CPU_FLAGS
+from specbench.devices import BF16_CPU_FLAGS, cpu_fields
 from specbench.errors import SpecbenchError
 from specbench.records import GenerationRecord
 
@@ -39,29 +39,12 @@ def _git_sha() -> str:
 
 
 def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return cpu_fields().get("model name") or platform.processor() or platform.machine()
 
 
-def _cpu_generation(cpuinfo: str | None = None) -> str:
-    """'family 25 model 1, avx2 only' from /proc/cpuinfo: the model name alone ("AMD EPYC") hides the
+def _cpu_generation(fields: dict[str, str]) -> str:
+    """'family 25 model 1, avx2 only' from /proc/cpuinfo's fields: the model name alone ("AMD EPYC") hides the
     generation, and with it whether bf16 is native, which decides CPU timings; '' where unknown."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return ""
-    fields: dict[str, str] = {}
-    for line in cpuinfo.splitlines():
-        if not line.strip():
-            break  # the first processor's block is enough
-        key, _, value = line.partition(":")
-        fields.setdefault(key.strip(), value.strip())
     if "cpu family" not in fields or "model" not in fields:
         return ""
     flags = set(fields.get("flags", "").split())
@@ -84,7 +67,7 @@ def hardware(device: torch.device | str) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     threads = torch.get_num_threads()
-    generation = _cpu_generation()
+    generation = _cpu_generation(cpu_fields())
     return f"{_cpu_model()}{f' [{generation}]' if generation else ''} ({threads} thread{'s' if threads != 1 else ''})"
 
 

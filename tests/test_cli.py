@@ -180,10 +180,11 @@ def test_long_prompts_skip_with_warning_or_fail(models, tmp_path, capsys):
 
 def test_cpu_generation_tells_zen3_from_zen4():
     """Two CPUs with one model name ("AMD EPYC") time bf16 very differently: the header says which one ran."""
+    from specbench.devices import cpu_fields
     from specbench.results import _cpu_generation
 
     zen3 = "processor\t: 0\ncpu family\t: 25\nmodel\t\t: 1\nflags\t\t: fpu sse2 avx2\n\nprocessor\t: 1\n"
     zen4 = "processor\t: 0\ncpu family\t: 25\nmodel\t\t: 17\nflags\t\t: avx2 avx512f avx512_bf16\n"
-    assert _cpu_generation(zen3) == "family 25 model 1, avx2 only"
-    assert _cpu_generation(zen4) == "family 25 model 17, avx512_bf16"
-    assert _cpu_generation("processor\t: 0\n") == ""  # no family/model (e.g. some ARM kernels): say nothing
+    assert _cpu_generation(cpu_fields(zen3)) == "family 25 model 1, avx2 only"
+    assert _cpu_generation(cpu_fields(zen4)) == "family 25 model 17, avx512_bf16"
+    assert _cpu_generation(cpu_fields("processor\t: 0\n")) == ""  # no family/model (e.g. some ARM kernels): say nothing
