@@ -22,17 +22,13 @@ sys.path.insert(0, str(REPO))
 
 from specbench.drafter import available_methods  # noqa: E402
 
-DRAFTERS = REPO / "drafters" / "smollm2-135m"
+SPECBLOCK_CPU = ["budget=16", "beam_width=4"]  # every SpecBlock variant's tree
+SPECBLOCK_VARIANTS = ("specblock", "specblock-adapt", "specblock-osd", "specblock-uniform-tree",
+                      "specblock-no-broadcast", "specblock-no-shift", "specblock-no-valid-prefix")
 CPU_SIZED = {  # README: trees sized for a CPU
     "eagle3": ["total_tokens=16", "depth=4", "top_k=4"],
     "medusa": ["max_nodes=15"],
-    "specblock": ["budget=16", "beam_width=4"],
-    "specblock-adapt": ["budget=16", "beam_width=4"],
-    "specblock-osd": ["budget=16", "beam_width=4"],
-    "specblock-uniform-tree": ["budget=16", "beam_width=4"],
-    "specblock-no-broadcast": ["budget=16", "beam_width=4"],
-    "specblock-no-shift": ["budget=16", "beam_width=4"],
-    "specblock-no-valid-prefix": ["budget=16", "beam_width=4"],
+    **{name: SPECBLOCK_CPU for name in SPECBLOCK_VARIANTS},
     "ddtree": ["budget=16"],
 }
 
