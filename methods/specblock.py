@@ -4,9 +4,11 @@ Each propose call makes M drafter forwards:
 
 1. **Block 1** (one forward that also encodes the newly committed positions): the last committed
    pair (taps n-1, bonus) yields K dependent slots. The greedy chain g_0..g_{K-1} goes under the
-   root; slot k attaches the top b(bucket_k) tokens (including the greedy one; slot 0 always
-   ``beam_width``) as children of g_{k-1}. A give-up bucket (b = 0) stops alternatives there and
-   at every later slot.
+   root; slot k attaches the top b(bucket_k) tokens (including the greedy one) as children of
+   g_{k-1}. Slot 0 attaches ``beam_width`` tokens, as METHODS.md and the reference code do; the
+   paper's Alg. 2 gives it b(bucket_0) like every other slot, which ``slot0="rank"`` selects. The
+   reference set was measured with the default. A give-up bucket (b = 0) stops alternatives there
+   and at every later slot.
 2. **Next-block starts**: the greedy node and alternatives of every slot whose bucket is not
    "confident", plus the chain end unless the chain's first non-confident bucket is give-up. A
    start carries the pre-norm h^L of the slot that produced its token and may attend to the
@@ -46,7 +48,8 @@ class SpecBlockOptions:
     revision: str = ""  # hub revision of path; empty = main
     budget: int = 60  # draft nodes verified per call (paper <= 60; reference 90)
     blocks: int = 2  # M: drafter forwards per call
-    beam_width: int = 10  # block-1 slot-0 width, and the most starts per later block
+    beam_width: int = 10  # block-1 slot-0 width (slot0="beam"), and the most starts per later block
+    slot0: str = "beam"  # block-1 slot 0: "beam" = beam_width tokens (METHODS.md, the reference); "rank" = b(bucket) (paper Alg. 2)
     branching: list[int] = field(default_factory=lambda: [2, 4, 10, 0])  # b(bucket) incl. greedy; or 2,4,6,4
     trim: float = 0.0  # > 0: a slot whose greedy probability >= trim attaches only the greedy token (reference knob)
     uniform_width: int = 0  # > 0: ignore the rank head; every slot attaches this many tokens (ablation)
@@ -104,6 +107,9 @@ class SpecBlockDrafter(Drafter):
         if len(o.branching) != NUM_BUCKETS or any(b < 0 for b in o.branching):
             raise SpecbenchError(f"{self.name}: branching needs {NUM_BUCKETS} non-negative widths, one per rank bucket "
                                  f"(got {o.branching}); the paper's maps are 2,4,10,0 and 2,4,6,4")
+        if o.slot0 not in ("beam", "rank"):
+            raise SpecbenchError(f"{self.name}: slot0 must be beam (beam_width tokens, the reference) or rank "
+                                 f"(b(bucket), the paper's Alg. 2), got {o.slot0!r}")
         self.model = model
 
     # ---- lifecycle ------------------------------------------------------------------------
@@ -225,7 +231,7 @@ class SpecBlockDrafter(Drafter):
             if o.uniform_width:
                 width = o.uniform_width
             else:
-                width = o.beam_width if first and k == 0 else o.branching[bucket]
+                width = o.beam_width if first and k == 0 and o.slot0 == "beam" else o.branching[bucket]
                 give_up = give_up or (width == 0)
                 if o.trim and math.exp(lp[0]) >= o.trim:
                     width = 1

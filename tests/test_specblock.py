@@ -258,6 +258,21 @@ def test_branching_follows_the_buckets():
     assert give_up_first == []  # the chain's first unsure bucket gives up: no chain-end start
 
 
+@pytest.mark.parametrize("bucket, width", [(0, 2), (2, 10), (3, 1)])
+def test_paper_slot0_takes_its_width_from_the_rank_head(bucket, width):
+    drafter = SpecBlockDrafter(SpecBlockOptions(slot0="rank", beam_width=10, branching=[2, 4, 10, 0]))
+    ids = torch.arange(100, 100 + 10 * K).view(K, 10)
+    lp = -torch.arange(10).float().expand(K, -1) * 0.1
+    trie = _Trie()
+    drafter._expand(trie, -1, 0.0, _Block(lp, ids, [bucket, 0, 0, 0]), first=True)
+    assert sum(node.parent == -1 for node in trie.nodes) == width  # Alg. 2: top-b(bucket), give-up keeps the greedy
+
+
+def test_unknown_slot0_mode_is_one_clear_error():
+    with pytest.raises(SpecbenchError, match="slot0 must be beam"):
+        SpecBlockDrafter(SpecBlockOptions(slot0="wide"))
+
+
 def test_trie_merges_duplicate_siblings():
     trie = _Trie()
     a = trie.add(-1, 5, -1.0)
@@ -305,8 +320,9 @@ def test_drafter_cache_equals_a_fresh_encoding_after_each_call(target, trained):
 
 # ---- generation ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("which", ["random", "trained"])
-@pytest.mark.parametrize("options", [SpecBlockOptions(), SMALL, SpecBlockOptions(uniform_width=3, budget=20)],
-                         ids=["default", "small", "uniform"])
+@pytest.mark.parametrize("options", [SpecBlockOptions(), SMALL, SpecBlockOptions(uniform_width=3, budget=20),
+                                     SpecBlockOptions(slot0="rank", budget=20)],
+                         ids=["default", "small", "uniform", "paper-slot0"])
 def test_greedy_equals_baseline(target, trained, which, options):
     model = trained if which == "trained" else fresh(target, seed=9)
     drafter = ready(SpecBlockDrafter(options, model=model), target)
