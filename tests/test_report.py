@@ -372,3 +372,21 @@ def test_rank_head_table_from_confusion_counts(tmp_path: Path):
     assert data.loc[0, "positions"] == 10 and math.isclose(data.loc[0, "precision"], 8 / 9)
     assert math.isclose(data.loc[0, "recall"], 8 / 10) and math.isclose(data.loc[1, "recall"], 3 / 4)
     assert math.isclose(data.frequency.sum(), 1.0) and math.isnan(data.loc[2, "recall"])
+
+
+def test_pacer_gamma_table_counts_every_length_and_hides_none(tmp_path: Path):
+    base = [vanilla("humaneval", f"p{i}", 9, verify=1.0) for i in range(2)]
+    ours = []
+    for i, hist in enumerate(({"4": 150, "8": 40}, {"4": 9, "12": 0, "48": 1})):
+        r = drafted("pacer", "humaneval", f"p{i}", [1, 2, 1], draft=0.2, verify=0.5)
+        r.extra = {"gamma_hist": hist, "mean_gamma": 0.0}
+        ours.append(r)
+    write_jsonl(tmp_path / "r.jsonl", base + ours)
+    table = build_report(tmp_path / "r.jsonl", reps=0).table("pacer_gamma_table")  # methods/pacer_report.py
+    data = table.data.set_index("gamma")
+    assert list(data.index) == [4, 8, 48] and data.calls.tolist() == [159, 40, 1]
+    assert math.isclose(data.share.sum(), 1.0)
+    row = table.sections[0][1][0]
+    assert [c.text for c in row[1:4]] == ["200", f"{(4 * 159 + 8 * 40 + 48) / 200:.2f}", "3 / 2"]
+    assert row[4].text == "4: 79.5%, 8: 20.0%, 48: 0.5%"  # 0.5% is still listed
+    assert build_report(write_jsonl(tmp_path / "none.jsonl", base), reps=0).table("pacer_gamma_table") is None
