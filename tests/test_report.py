@@ -374,7 +374,7 @@ def test_rank_head_table_from_confusion_counts(tmp_path: Path):
     assert math.isclose(data.frequency.sum(), 1.0) and math.isnan(data.loc[2, "recall"])
 
 
-def test_pacer_gamma_table_counts_every_length_and_hides_none(tmp_path: Path):
+def test_pacer_gamma_table_shares_over_the_lengths_chosen(tmp_path: Path):
     base = [vanilla("humaneval", f"p{i}", 9, verify=1.0) for i in range(2)]
     ours = []
     for i, hist in enumerate(({"4": 150, "8": 40}, {"4": 9, "12": 0, "48": 1})):
