@@ -20,17 +20,24 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from specbench.drafter import available_methods  # noqa: E402
+from methods.specblock import SpecBlockDrafter  # noqa: E402
+from specbench.drafter import available_methods, method_class  # noqa: E402
 
-SPECBLOCK_CPU = ["budget=16", "beam_width=4"]  # every SpecBlock variant's tree
-SPECBLOCK_VARIANTS = ("specblock", "specblock-adapt", "specblock-osd", "specblock-uniform-tree",
-                      "specblock-no-broadcast", "specblock-no-shift", "specblock-no-valid-prefix")
 CPU_SIZED = {  # README: trees sized for a CPU
     "eagle3": ["total_tokens=16", "depth=4", "top_k=4"],
     "medusa": ["max_nodes=15"],
-    **{name: SPECBLOCK_CPU for name in SPECBLOCK_VARIANTS},
     "ddtree": ["budget=16"],
 }
+SPECBLOCK_CPU = ["budget=16", "beam_width=4"]  # every SpecBlock variant's tree
+
+
+def cpu_sized(method: str) -> list[str]:
+    """The CPU-sized tree options of a method; every registered SpecBlock variant (found through the
+    registry, so a new variant needs no entry here) shares SPECBLOCK_CPU."""
+    if method in CPU_SIZED:
+        return CPU_SIZED[method]
+    registered = method in available_methods()  # an unknown name fails in its own `specbench run`
+    return SPECBLOCK_CPU if registered and issubclass(method_class(method), SpecBlockDrafter) else []
 
 
 def main() -> None:
@@ -52,7 +59,7 @@ def main() -> None:
         cmd = [sys.executable, "-c", "from specbench.cli import main; main()", "run", "--method", method,
                "--bench", args.bench, "--limit", str(args.limit), "--max-new-tokens", str(args.max_new_tokens),
                "--device", args.device, "--out", str(out), "--overwrite"]
-        for opt in CPU_SIZED.get(method, []):
+        for opt in cpu_sized(method):
             cmd += ["--opt", opt]
         start = time.time()
         run = subprocess.run(cmd, capture_output=True, text=True)
