@@ -18,12 +18,12 @@ import warnings
 import torch
 
 from methods.sps import SpSDrafter, SpSOptions
-from methods.vanilla import VanillaDrafter
+from specbench.engine.vanilla import VanillaDrafter
 from specbench import metrics
-from specbench.benchmarks import load_benchmark
-from specbench.engine import GenerationConfig, generate
-from specbench.prompts import render_chat
-from specbench.target import Target
+from specbench.run.benchmarks import load_benchmark
+from specbench.engine.loop import GenerationConfig, generate
+from specbench.engine.prompts import render_chat
+from specbench.engine.target import Target
 
 warnings.filterwarnings("ignore")
 

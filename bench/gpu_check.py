@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from methods.specblock import SpecBlockDrafter  # noqa: E402
-from specbench.drafter import available_methods, method_class  # noqa: E402
+from specbench.engine.drafter import available_methods, method_class  # noqa: E402
 
 CPU_SIZED = {  # README: trees sized for a CPU
     "eagle3": ["total_tokens=16", "depth=4", "top_k=4"],
@@ -75,8 +75,8 @@ def main() -> None:
     if done:
         from rich.console import Console
 
-        from specbench.report import load_results
-        from specbench.runner import summary_table
+        from specbench.analysis.report import load_results
+        from specbench.run.runner import summary_table
 
         # Every file has its own interleaved vanilla turns; pooled, they are one baseline per prompt set.
         records, _ = load_results([str(p) for p in done])

@@ -6,7 +6,7 @@ time with the final code and the shipped drafters (fp32 on CPU, so every method'
     python bench/reference_set.py --only main --bench humaneval
 
 Runs are grouped so that every claim of the papers is decided inside one file, where its sides were
-interleaved prompt by prompt in one process (see `specbench/orderings.py`). The drafters are the ones
+interleaved prompt by prompt in one process (see `specbench/analysis/orderings.py`). The drafters are the ones
 under `drafters/<target>/` (or `$SPECBENCH_DRAFTERS/<target>/`), the ablations' included; remove the old
 records from results/ first. Before each run the machine
 must be idle: the script waits (up to --wait minutes) until the 1-minute load average falls below
@@ -23,8 +23,8 @@ import sys
 import time
 from pathlib import Path
 
-from specbench.machine_load import load_average
-from specbench.runner import parse_also
+from specbench.run.machine_load import load_average
+from specbench.run.runner import parse_also
 
 BENCHES = ("mt_bench", "humaneval", "math500", "natural_questions", "wmt23", "alpaca")
 TARGET = "smollm2-135m"

@@ -19,14 +19,14 @@ import warnings
 
 import torch
 
-from methods.vanilla import VanillaDrafter
-from specbench.benchmarks import load_benchmark
-from specbench.devices import choose_dtype, resolve_device
-from specbench.engine import GenerationConfig, generate
-from specbench.prompts import render_chat
-from specbench.results import hardware
-from specbench.target import Target
-from specbench.timing import NullTimer, synchronize
+from specbench.engine.vanilla import VanillaDrafter
+from specbench.run.benchmarks import load_benchmark
+from specbench.engine.devices import choose_dtype, resolve_device
+from specbench.engine.loop import GenerationConfig, generate
+from specbench.engine.prompts import render_chat
+from specbench.run.results import hardware
+from specbench.engine.target import Target
+from specbench.engine.timing import NullTimer, synchronize
 
 warnings.filterwarnings("ignore")
 

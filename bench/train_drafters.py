@@ -7,7 +7,7 @@ another, each resumable from its checkpoint (`trainer_state.pt`, every 50 steps)
     python bench/train_drafters.py --install               # copy finished drafters into drafters/<target>/
 
 All drafters train on the target's answers to the same 8,100 ShareGPT prompts (the regenerated
-answers ship in training_data/), 3% held out; a recipe may set its own data options (PACER replays
+answers ship in specbench/training/responses/), 3% held out; a recipe may set its own data options (PACER replays
 speculative decoding over the first 600 answers only). The order matters once: PACER's pre-verifier is
 trained on the SpS student trained before it.
 

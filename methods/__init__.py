@@ -5,3 +5,4 @@ from pathlib import Path
 
 PRESETS = Path(__file__).parent / "presets"  # paper presets (group specbench.presets)
 CLAIMS = Path(__file__).parent / "claims.yaml"  # the papers' claims for the orderings table (group specbench.claims)
+PAPER_NUMBERS = Path(__file__).parent / "paper_numbers.csv"  # the papers' printed numbers (group specbench.paper_numbers)

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 import torch
 
 from methods.dflash import DFlashDrafter
-from specbench.drafter import DecodeState
+from specbench.engine.drafter import DecodeState
 from specbench.errors import SpecbenchError
-from specbench.tree import DraftTree, SiblingKind
+from specbench.engine.tree import DraftTree, SiblingKind
 
 METHOD = "ddtree"
 Ranks = tuple[int, ...]  # 1-based rank per depth: (1, 3) = best token at depth 1, third best at depth 2

@@ -38,12 +38,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specbench.drafter import DecodeState, Drafter, VerifyResult
+from specbench.engine.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
-from specbench.split_verify import ShallowStates, check_split, forward_shallow
-from specbench.target import Target, TargetOutput
-from specbench.tree import DraftTree, SiblingKind
-from specbench.verify import draw, logits_to_probs
+from specbench.engine.split_verify import ShallowStates, check_split, forward_shallow
+from specbench.engine.target import Target, TargetOutput
+from specbench.engine.tree import DraftTree, SiblingKind
+from specbench.engine.verify import draw, logits_to_probs
 
 OBJECTIVES = ("kl-rl", "kl", "pg", "ce")
 HEAD_FILE = "dvi_head.safetensors"

@@ -31,12 +31,12 @@ from torch import nn
 from methods.checkpoints import check_layer_shapes, load_checked, load_ours_or_published, save_ours, shipped_drafter
 from methods.layers import (KV, DecoderLayer, LayerShapes, RMSNorm, Rotary, official_layer_shapes, repeat_kv,
                             target_layer_shapes)
-from specbench.drafter import DecodeState, Drafter, VerifyResult
+from specbench.engine.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
-from specbench.target import Target, TargetOutput
+from specbench.engine.target import Target, TargetOutput
 from specbench.training.batch import TrainBatch
 from specbench.training.checkpoint import CONFIG, architecture, config_value, read_weights
-from specbench.tree import DraftTree, SiblingKind
+from specbench.engine.tree import DraftTree, SiblingKind
 
 # The official loader (SafeAILab/EAGLE ea_model.py) tries pytorch_model.bin first, then model.safetensors.
 OFFICIAL_WEIGHTS = ("pytorch_model.bin", "model.safetensors")

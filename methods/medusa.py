@@ -26,12 +26,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from methods.checkpoints import check_keys, load_checked, load_ours_or_published, save_ours, shipped_drafter
-from specbench.drafter import DecodeState, Drafter, VerifyResult
+from specbench.engine.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
-from specbench.target import Target
+from specbench.engine.target import Target
 from specbench.training.batch import TrainBatch
 from specbench.training.checkpoint import found_layout, read_weights
-from specbench.tree import DraftTree, SiblingKind
+from specbench.engine.tree import DraftTree, SiblingKind
 
 METHOD = "medusa"
 OFFICIAL_WEIGHTS = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")

@@ -31,10 +31,10 @@ import torch.nn.functional as F
 
 from methods.checkpoints import shipped_drafter
 from methods.sps import SpSDrafter
-from specbench import kvcache
-from specbench.drafter import DecodeState
+from specbench.engine import kvcache
+from specbench.engine.drafter import DecodeState
 from specbench.errors import SpecbenchError
-from specbench.target import Target, resolve_dtype
+from specbench.engine.target import Target, resolve_dtype
 from specbench.training.checkpoint import check_target, load_drafter, save_drafter, target_fingerprint
 
 METHOD = "pacer"

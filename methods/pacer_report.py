@@ -11,8 +11,8 @@ from typing import Mapping, Sequence
 import pandas as pd
 
 from specbench.records import GenerationRecord
-from specbench.report.names import Block
-from specbench.report.table import Cell, Table, block_label
+from specbench.analysis.report.names import Block
+from specbench.analysis.report.table import Cell, Table, block_label
 
 SHOWN_SHARE = 0.005  # lengths chosen on fewer calls than this are counted, not listed
 

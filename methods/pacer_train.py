@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from methods.pacer import PreVerifier, collate, draft_fingerprint, pack_example, pacer_loss, save_preverifier
-from specbench.target import Target
+from specbench.engine.target import Target
 from specbench.training.learning_curve import curve_section
 from specbench.training.model_card import schedule_length
 from specbench.training.plugin import MethodTrainer, TrainOptions, option
@@ -37,7 +37,7 @@ class PacerTrainer(MethodTrainer):
     omit = ("max_length", "cache_features", "dtype")  # packed sequences of cached draft states, bf16 autocast
 
     def train(self, o: PacerTrainOptions) -> dict:
-        from specbench import distributed
+        from specbench.run import distributed
         from specbench.training.fit import fit, recipe_for, training_data
 
         t, data_file, examples = training_data(o)
@@ -68,7 +68,7 @@ class PacerTrainer(MethodTrainer):
 def packed_batches(batch_size: int):
     """batches(items, epoch, world) over packed sequences: similar lengths together, the chunks
     shuffled per epoch (none for the held-out pass); under torchrun this rank's rows of each."""
-    from specbench import distributed
+    from specbench.run import distributed
 
     def batches(items, epoch, world):
         order = sorted(range(len(items)), key=lambda i: items[i]["hidden"].shape[0])
@@ -93,7 +93,7 @@ def replay_dataset(target: Target, examples: list[dict], data_file: Path, draft:
     from rich.progress import track
 
     from methods.sps import SpSDrafter, SpSOptions
-    from specbench.target import cache_dir
+    from specbench.engine.target import cache_dir
 
     sps = SpSDrafter(SpSOptions(draft=draft, dtype="bfloat16"))  # the draft as benchmarks run it
     sps.setup(target)

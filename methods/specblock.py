@@ -36,10 +36,10 @@ from methods.checkpoints import shipped_drafter
 from methods.specblock_checkpoint import load_specblock
 from methods.specblock_model import NUM_BUCKETS, KV, SpecBlockModel, rank_to_bucket
 from methods.specblock_train import block1_mask
-from specbench.drafter import DecodeState, Drafter, VerifyResult
+from specbench.engine.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
-from specbench.target import Target, TargetOutput
-from specbench.tree import DraftTree, SiblingKind
+from specbench.engine.target import Target, TargetOutput
+from specbench.engine.tree import DraftTree, SiblingKind
 
 
 @dataclass

@@ -36,8 +36,8 @@ import torch.nn.functional as F
 from methods.specblock import SpecBlockDrafter, SpecBlockOptions
 from methods.specblock_model import SpecBlockModel, rank_features, rank_to_bucket
 from methods.specblock_train import block1_mask
-from specbench.drafter import DecodeState, VerifyResult
-from specbench.target import Target, TargetOutput
+from specbench.engine.drafter import DecodeState, VerifyResult
+from specbench.engine.target import Target, TargetOutput
 
 ACTIONS = ("skip", "head", "full")
 

@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 
 from specbench.records import GenerationRecord
-from specbench.report.names import Block
-from specbench.report.table import DASH, Cell, Table, block_label, finite, fmt_pct
+from specbench.analysis.report.names import Block
+from specbench.analysis.report.table import DASH, Cell, Table, block_label, finite, fmt_pct
 
 RANK_BUCKETS = ("b0 (rank 1)", "b1 (2–4)", "b2 (5–10)", "b3 (>10)")
 

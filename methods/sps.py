@@ -12,13 +12,13 @@ from dataclasses import dataclass
 
 import torch
 
-from specbench import kvcache
-from specbench.drafter import DecodeState, Drafter, VerifyResult
+from specbench.engine import kvcache
+from specbench.engine.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
-from specbench.target import Target, load_located, locate_model, resolve_dtype
+from specbench.engine.target import Target, load_located, locate_model, resolve_dtype
 from specbench.training.checkpoint import read_drafter_config
-from specbench.tree import DraftTree, SiblingKind
-from specbench.verify import draw, logits_to_probs
+from specbench.engine.tree import DraftTree, SiblingKind
+from specbench.engine.verify import draw, logits_to_probs
 from methods.checkpoints import shipped_drafter
 from methods.sps_student import is_student, load_student
 
@@ -78,7 +78,7 @@ class SpSDrafter(Drafter):
 
     @classmethod
     def builtin_reference(cls, spec: str) -> bool:
-        from specbench.target import _EMBEDDED
+        from specbench.engine.target import _EMBEDDED
 
         return spec.startswith("truncated:") or spec in _EMBEDDED
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from methods.sps import SpSDrafter
-from specbench.drafter import DecodeState, VerifyResult
+from specbench.engine.drafter import DecodeState, VerifyResult
 from specbench.errors import SpecbenchError
 
 

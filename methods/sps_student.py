@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from specbench.errors import SpecbenchError
-from specbench.target import Target
+from specbench.engine.target import Target
 from specbench.training.batch import TrainBatch
 from specbench.training.checkpoint import check_target, load_drafter, save_drafter, target_fingerprint
 from specbench.training.checks import layer_numbers

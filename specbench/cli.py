@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from specbench import interrupt
+from specbench.engine import interrupt
 from specbench.errors import SpecbenchError
 from specbench.training.cli import train_app
 
@@ -122,8 +122,8 @@ def run(
 ) -> None:
     """Run METHOD (and every --also / --sweep side) on BENCH with the vanilla baseline interleaved
     prompt by prompt; print the summary table. BENCH may be a mixed stream: `mixed` or `a+b+c`."""
-    from specbench.prompts import parse_template_kwargs
-    from specbench.runner import RunConfig, Runner, summary_table
+    from specbench.engine.prompts import parse_template_kwargs
+    from specbench.run.runner import RunConfig, Runner, summary_table
 
     if preset is not None:
         _reproduce(preset, target, limit=limit, dry_run=dry_run, out_dir=out, device=device, data_dir=data_dir,
@@ -162,7 +162,7 @@ def merge(
     rank 0 does at the end of such a run; for parts left by a run that did not finish merging)."""
     import glob
 
-    from specbench.merge import find_parts, merge_runs, write_run
+    from specbench.run.merge import find_parts, merge_runs, write_run
 
     if parts:
         sources = [Path(p) for pattern in parts for p in (sorted(glob.glob(pattern)) or [pattern])]
@@ -192,7 +192,7 @@ def _reproduce(name: str, target: str, *, limit: Optional[int] = None, dry_run: 
                out_dir: Optional[Path] = None, device: str = "cpu", dtype: Optional[str] = None,
                max_new_tokens: Optional[int] = None, drafters: Optional[dict] = None, data_dir: Optional[str] = None,
                target_revision: Optional[str] = None, resume: bool = False, overwrite: bool = False) -> None:
-    from specbench.preset import build_plan, execute, format_plan
+    from specbench.run.preset import build_plan, execute, format_plan
 
     plan = build_plan(name, target, limit=limit, out_dir=out_dir or Path("results") / name, drafters=drafters,
                       device=device, dtype=dtype, max_new_tokens=max_new_tokens, data_dir=data_dir,
@@ -239,7 +239,7 @@ def export(
     data_dir: Optional[str] = typer.Option(None, help="Folder of benchmark JSONL files, for question categories."),
 ) -> None:
     """Write Spec-Bench answer files (one per method, vanilla included) that its evaluation/speed.py reads."""
-    from specbench.export import FORMATS, export_spec_bench
+    from specbench.analysis.export import FORMATS, export_spec_bench
 
     if format not in FORMATS:
         raise SpecbenchError(f"unknown export format {format!r}; known: {', '.join(FORMATS)}")
@@ -251,7 +251,7 @@ def export(
 @list_app.command("presets")
 def list_presets() -> None:
     """Paper presets for `specbench reproduce`."""
-    from specbench.preset import list_presets as presets
+    from specbench.run.preset import list_presets as presets
 
     table = Table("preset", "table", "targets", "metric")
     for p in presets():
@@ -263,7 +263,7 @@ def list_presets() -> None:
 def list_methods() -> None:
     """Registered drafting methods (entry-point group specbench.methods): what each is called in
     reports, what it ablates, and the `specbench train` command that makes its weights."""
-    from specbench.drafter import available_methods, method_class
+    from specbench.engine.drafter import available_methods, method_class
     from specbench.training.plugin import registered_trainers, trainer_of
 
     command_of = {trainer: command for command, trainer in registered_trainers().items()}
@@ -284,7 +284,7 @@ def list_methods() -> None:
 @list_app.command("benches")
 def list_benches(data_dir: Optional[str] = typer.Option(None, help="Folder of benchmark JSONL files.")) -> None:
     """Benchmarks, their expected size, and the source each would load from."""
-    from specbench.benchmarks import data_dir as resolve_dir, list_benchmarks, resolve_source
+    from specbench.run.benchmarks import data_dir as resolve_dir, list_benchmarks, resolve_source
 
     table = Table("bench", "paper", "prompts", "turns", "source", "from")
     folder = resolve_dir(data_dir)
@@ -298,7 +298,7 @@ def list_benches(data_dir: Optional[str] = typer.Option(None, help="Folder of be
 @list_app.command("models")
 def list_models() -> None:
     """Targets that work offline, and how to name any other."""
-    from specbench.target import DEFAULT_TARGET, embedded_gguf
+    from specbench.engine.target import DEFAULT_TARGET, embedded_gguf
 
     table = Table("target", "where", "status")
     try:
@@ -319,7 +319,7 @@ def report(
     show: bool = typer.Option(False, help="Print the main table (and the mixed streams' table) to the console."),
 ) -> None:
     """Regenerate the paper-style tables and figures from run records."""
-    from specbench import report as rep
+    from specbench.analysis import report as rep
 
     sources = results or ["results/*.jsonl"]
     written = rep.write_report(sources, out_dir=out_dir)
@@ -388,7 +388,7 @@ def main() -> None:
         err.print("interrupted; rerun with --resume to continue")
         sys.exit(130)
     finally:
-        from specbench import distributed
+        from specbench.run import distributed
 
         distributed.shutdown()
 

@@ -13,7 +13,7 @@ torch.set_num_threads(1)
 
 import pytest  # noqa: E402
 
-from specbench.target import embedded_gguf  # noqa: E402
+from specbench.engine.target import embedded_gguf  # noqa: E402
 from tiny import tiny_llama  # noqa: E402
 
 

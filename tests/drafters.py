@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
-from specbench.drafter import DecodeState, Drafter
-from specbench.tree import DraftTree, SiblingKind
-from specbench.verify import logits_to_probs
+from specbench.engine.drafter import DecodeState, Drafter
+from specbench.engine.tree import DraftTree, SiblingKind
+from specbench.engine.verify import logits_to_probs
 
 
 def random_tree(n: int, vocab: int, generator: torch.Generator, max_children: int = 3) -> DraftTree:

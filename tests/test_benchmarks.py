@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specbench.benchmarks import (
+from specbench.run.benchmarks import (
     CARDS_DIR,
     Prompt,
     data_dir,
@@ -47,9 +47,9 @@ def test_cards_list_all_ten_paper_first():
         assert c.hub is None or {"id", "split"} <= set(c.hub)
 
 
-def test_datasets_folder_is_not_a_package():
-    assert CARDS_DIR == REPO / "datasets"
-    assert not (CARDS_DIR / "__init__.py").exists()
+def test_bench_cards_ship_in_the_package_and_shadow_no_library():
+    assert CARDS_DIR == REPO / "specbench" / "run" / "benches"
+    assert not (CARDS_DIR / "__init__.py").exists() and not (REPO / "datasets").exists()
     # From the repo root, `import datasets` must still be the Hugging Face library.
     code = "import datasets; assert callable(datasets.load_dataset); print(datasets.__file__)"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)

@@ -4,9 +4,9 @@ budget is part of the run's identity and header."""
 
 import pytest
 
-from specbench.drafter import method_class, parse_options
+from specbench.engine.drafter import method_class, parse_options
 from specbench.errors import SpecbenchError
-from specbench.runner import RunConfig, run_sides, validate
+from specbench.run.runner import RunConfig, run_sides, validate
 from test_cli import cli, read
 
 
@@ -32,7 +32,7 @@ def test_cli_budget_reaches_the_drafter_and_the_header(models, tmp_path, capsys)
     import torch
 
     from methods.medusa import MedusaHeads, save_medusa
-    from specbench.target import Target
+    from specbench.engine.target import Target
 
     target = Target.load(models["target"], "float32")
     torch.manual_seed(0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specbench.target import Target
+from specbench.engine.target import Target
 from test_cli import cli
 
 RUN = ["run", "--method", "sps", "--bench", "humaneval", "--limit", "1"]

@@ -10,13 +10,13 @@ import torch
 import test_deep_sampling as deep
 
 from drafters import random_tree
-from methods.vanilla import VanillaDrafter
+from specbench.engine.vanilla import VanillaDrafter
 from specbench import metrics
-from specbench.engine import GenerationConfig, generate
+from specbench.engine.loop import GenerationConfig, generate
 from specbench.records import DECODE_PHASES
-from specbench.target import Target
-from specbench.timing import PhaseTimer
-from specbench.tree import DraftTree
+from specbench.engine.target import Target
+from specbench.engine.timing import PhaseTimer
+from specbench.engine.tree import DraftTree
 from tiny import tiny_target
 
 DERIVED = ("depths", "ancestor_mask", "children")

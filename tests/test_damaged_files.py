@@ -16,7 +16,7 @@ from methods.eagle3 import eagle3_taps
 from methods.specblock_checkpoint import VOCAB_MAPPING, load_specblock, save_specblock
 from methods.specblock_model import SpecBlockConfig, SpecBlockModel
 from specbench.errors import SpecbenchError
-from specbench.target import Target
+from specbench.engine.target import Target
 from test_cli import base_args, cli
 
 

@@ -10,11 +10,11 @@ import torch
 
 from methods.dflash import DFlashModel
 from methods.ddtree import DDTreeDrafter, DDTreeOptions, best_first_prefixes, compile_tree, ddtree_from_log_probs
-from specbench.drafter import create_drafter, method_class
-from specbench.engine import GenerationConfig, generate
+from specbench.engine.drafter import create_drafter, method_class
+from specbench.engine.loop import GenerationConfig, generate
 from specbench.errors import SpecbenchError
-from specbench.tree import DraftTree
-from specbench.verify import SamplingParams
+from specbench.engine.tree import DraftTree
+from specbench.engine.verify import SamplingParams
 from stats import chi2_pvalue
 from test_dflash import BLOCK, PROMPTS, baseline, ready, target, trained  # noqa: F401 (shared module fixtures)
 from tiny import tiny_target

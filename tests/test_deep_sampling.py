@@ -34,13 +34,13 @@ from methods.specblock_model import SpecBlockConfig, SpecBlockModel
 from methods.specblock_train import LossSettings, SpecBlockLoss
 from methods.sps import SpSDrafter, SpSOptions
 from methods.sps_confidence import SpSConfidenceDrafter, SpSConfidenceOptions
-from methods.vanilla import VanillaDrafter
-from specbench import engine, kvcache
-from specbench.drafter import available_methods, method_class
-from specbench.engine import GenerationConfig, generate
-from specbench.target import Target
+from specbench.engine.vanilla import VanillaDrafter
+from specbench.engine import loop as engine, kvcache
+from specbench.engine.drafter import available_methods, method_class
+from specbench.engine.loop import GenerationConfig, generate
+from specbench.engine.target import Target
 from specbench.training.batch import TrainBatch
-from specbench.verify import SamplingParams, WalkResult, logits_to_probs, sample_token
+from specbench.engine.verify import SamplingParams, WalkResult, logits_to_probs, sample_token
 from stats import loglik_z, sequential_chi2
 from tiny import tiny_target
 

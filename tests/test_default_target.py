@@ -3,10 +3,10 @@
 import pytest
 
 from methods.sps import SpSDrafter, SpSOptions
-from methods.vanilla import VanillaDrafter
-from specbench.engine import GenerationConfig, generate
-from specbench.prompts import render_chat
-from specbench.target import Target
+from specbench.engine.vanilla import VanillaDrafter
+from specbench.engine.loop import GenerationConfig, generate
+from specbench.engine.prompts import render_chat
+from specbench.engine.target import Target
 
 pytestmark = pytest.mark.slow
 

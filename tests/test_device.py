@@ -11,16 +11,16 @@ import torch
 
 from drafters import RandomTreeDrafter, RandomTreeOptions, random_tree
 from methods.sps import SpSDrafter, SpSOptions
-from methods.vanilla import VanillaDrafter
-from specbench import devices, kvcache, verify
-from specbench.devices import choose_dtype, resolve_device
-from specbench.engine import GenerationConfig, generate
+from specbench.engine.vanilla import VanillaDrafter
+from specbench.engine import devices, kvcache, verify
+from specbench.engine.devices import choose_dtype, resolve_device
+from specbench.engine.loop import GenerationConfig, generate
 from specbench.errors import SpecbenchError
-from specbench.target import check_attention
-from specbench.timing import NullTimer, PhaseTimer
+from specbench.engine.target import check_attention
+from specbench.engine.timing import NullTimer, PhaseTimer
 from specbench.training.trainer import autocast_for
-from specbench.tree import verify_visibility
-from specbench.verify import SamplingParams
+from specbench.engine.tree import verify_visibility
+from specbench.engine.verify import SamplingParams
 from test_cli import cli
 from tiny import tiny_llama, tiny_target
 
@@ -73,7 +73,7 @@ def test_cli_refuses_bad_devices_before_loading_anything(monkeypatch, capsys, ar
     else:
         no_cuda(monkeypatch)
     loads = []
-    monkeypatch.setattr("specbench.target.load_causal_lm", lambda *a, **k: loads.append(a))
+    monkeypatch.setattr("specbench.engine.target.load_causal_lm", lambda *a, **k: loads.append(a))
     if args[0] == "run":
         args = args + ["--method", "vanilla", "--bench", "humaneval", "--limit", "1", "--no-warmup"]
     code, _, err = cli(args, capsys)
@@ -148,7 +148,7 @@ def test_every_engine_draw_uses_the_generators_device(monkeypatch):
     target = tiny_target(4, vocab=8, init=0.3)
     params = SamplingParams(temperature=1.0)
     from drafters import SampledTreeDrafter, SampledTreeOptions
-    from specbench.verify import TreeRule
+    from specbench.engine.verify import TreeRule
 
     for drafter, rule in [(SpSDrafter(SpSOptions(gamma=3), model=tiny_llama(5, vocab=8, init=0.3)), None),
                           (RandomTreeDrafter(RandomTreeOptions(nodes=5, seed=3)), TreeRule.RECURSIVE_REJECTION),

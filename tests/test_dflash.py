@@ -11,13 +11,13 @@ from safetensors.torch import save_file
 
 from methods.dflash import (DFlashDrafter, DFlashModel, DFlashOptions, block_labels, choose_mask_token,
                             default_layer_ids, sample_anchors, training_mask)
-from methods.vanilla import VanillaDrafter
-from specbench.drafter import DecodeState, create_drafter, method_class
-from specbench.engine import GenerationConfig, generate
+from specbench.engine.vanilla import VanillaDrafter
+from specbench.engine.drafter import DecodeState, create_drafter, method_class
+from specbench.engine.loop import GenerationConfig, generate
 from specbench.errors import SpecbenchError
-from specbench.timing import PhaseTimer
+from specbench.engine.timing import PhaseTimer
 from specbench.training.batch import TrainBatch
-from specbench.verify import SamplingParams
+from specbench.engine.verify import SamplingParams
 from tiny import tiny_target
 
 LAYERS = 6  # taps [1, 3] for a 2-layer drafter

@@ -9,10 +9,10 @@ import torch
 
 from methods.dvi import (DVIDrafter, DVIKLDrafter, DVIOptions, ReplayBuffer, kl_to, reinforce, reward_masked_ce,
                          schedule)
-from methods.vanilla import VanillaDrafter
-from specbench.engine import GenerationConfig, generate
+from specbench.engine.vanilla import VanillaDrafter
+from specbench.engine.loop import GenerationConfig, generate
 from specbench.errors import SpecbenchError
-from specbench.verify import SamplingParams
+from specbench.engine.verify import SamplingParams
 from stats import chi2_pvalue
 from tiny import tiny_target
 

@@ -9,14 +9,14 @@ import torch
 from safetensors.torch import save_file
 
 from methods.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Model, Eagle3Options, eagle3_taps, select_nodes
-from methods.vanilla import VanillaDrafter
-from specbench.drafter import DecodeState, create_drafter, method_class
-from specbench.engine import GenerationConfig, generate
+from specbench.engine.vanilla import VanillaDrafter
+from specbench.engine.drafter import DecodeState, create_drafter, method_class
+from specbench.engine.loop import GenerationConfig, generate
 from specbench.errors import SpecbenchError
-from specbench.timing import PhaseTimer
+from specbench.engine.timing import PhaseTimer
 from specbench.training.batch import TrainBatch
 from specbench.training.vocab import build_vocab_mapping
-from specbench.verify import SamplingParams
+from specbench.engine.verify import SamplingParams
 from tiny import tiny_target
 
 LAYERS = 8  # taps (2, 4, 5): three distinct layers

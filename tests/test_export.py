@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from specbench import metrics
-from specbench.export import answer_rows
+from specbench.analysis.export import answer_rows
 from specbench.records import GenerationRecord
 from test_cli import cli
 
@@ -105,7 +105,7 @@ def test_export_bad_input_is_one_line(tmp_path, capsys):
 
 
 def test_spec_bench_bench_and_its_categories():
-    from specbench.benchmarks import load_benchmark
+    from specbench.run.benchmarks import load_benchmark
 
     assert len(load_benchmark("spec_bench")) == 480
     for category in ("translation", "summarization", "qa", "math_reasoning", "rag"):

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from drafters import RandomTreeDrafter, RandomTreeOptions, SampledTreeDrafter, SampledTreeOptions, random_tree
-from methods.vanilla import VanillaDrafter
-from specbench.drafter import available_methods, method_class
-from specbench.engine import GenerationConfig, generate
-from specbench.target import Target
-from specbench.tree import verify_visibility
-from specbench.verify import SamplingParams
+from specbench.engine.vanilla import VanillaDrafter
+from specbench.engine.drafter import available_methods, method_class
+from specbench.engine.loop import GenerationConfig, generate
+from specbench.engine.target import Target
+from specbench.engine.tree import verify_visibility
+from specbench.engine.verify import SamplingParams
 from stats import chi2_pvalue
 from tiny import tiny_llama, tiny_target
 
@@ -141,7 +141,7 @@ def exact_first_two(target, prompt):
     (lambda: SampledTreeDrafter(SampledTreeOptions(width=2, depth=2), model=tiny_llama(6, vocab=V, init=0.3)), "C"),
 ], ids=["sps-chain-rule-C", "random-tree-rule-A", "random-tree-rule-B", "sampled-tree-rule-C"])
 def test_sampling_through_the_engine_on_cuda_matches_target(make, rule):
-    from specbench.verify import TreeRule
+    from specbench.engine.verify import TreeRule
 
     target, drafter = on_cuda(tiny_target(4, vocab=V, init=0.3), make())
     prompt = [1, 4, 2]
@@ -173,8 +173,8 @@ def test_tree_mask_is_built_on_the_gpu_and_equals_the_host_mask():
 
 
 def test_split_verify_on_cuda_equals_a_full_forward():
-    from specbench.split_verify import ShallowStates, forward_shallow
-    from specbench.tree import DraftTree
+    from specbench.engine.split_verify import ShallowStates, forward_shallow
+    from specbench.engine.tree import DraftTree
 
     target, _ = on_cuda(tiny_target(0, layers=4), VanillaDrafter())
     prompt, drafts = [3, 17, 5, 42, 8, 11], [9, 30, 2]
@@ -195,7 +195,7 @@ def test_flash_attention_chains_equal_sdpa():
 
     if not is_flash_attn_2_available():
         pytest.skip("flash-attn is not installed")
-    from specbench.target import FLASH
+    from specbench.engine.target import FLASH
 
     target, drafter = on_cuda(tiny_target(0), method_class("sps")(method_class("sps").Options(gamma=3),
                                                                  model=tiny_llama(0)), dtype=torch.bfloat16)

@@ -18,10 +18,10 @@ from methods.dflash import DFlashDrafter, DFlashOptions
 from methods.eagle3 import Eagle3Drafter, Eagle3Options, eagle3_taps
 from methods.medusa import MedusaDrafter, MedusaOptions
 from methods.specblock import SpecBlockDrafter, SpecBlockOptions
-from specbench import hub
-from specbench.engine import GenerationConfig, generate
+from specbench.engine import hub
+from specbench.engine.loop import GenerationConfig, generate
 from specbench.errors import SpecbenchError
-from specbench.prompts import ChatFormat, parse_template_kwargs, render_chat, vicuna_v1_1
+from specbench.engine.prompts import ChatFormat, parse_template_kwargs, render_chat, vicuna_v1_1
 from specbench.training.vocab import build_vocab_mapping
 from test_cli import base_args, cli, read
 from test_eagle3 import published_config, published_weights, write_published
@@ -377,7 +377,7 @@ def test_resume_refuses_other_weights(models, cache, tmp_path, capsys):
 
 
 def test_also_sides_take_hub_revisions():
-    from specbench.runner import parse_also
+    from specbench.run.runner import parse_also
 
     side = parse_also("eagle3@path=yuhuili/EAGLE3-LLaMA3.1-Instruct-8B@v1@top_k=4")
     assert side.options == {"path": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B@v1", "top_k": "4"}
@@ -415,7 +415,7 @@ def test_vicuna_target_without_template_renders_fastchat(models, tmp_path):
     from transformers import AutoTokenizer
 
     from conftest import save_tiny
-    from specbench.target import Target
+    from specbench.engine.target import Target
 
     tok = AutoTokenizer.from_pretrained(models["target"])
     tok.chat_template = None

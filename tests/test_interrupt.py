@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from specbench.results import RunStore
-from specbench.target import Target
+from specbench.run.results import RunStore
+from specbench.engine.target import Target
 from test_cli import REPO, base_args, cli, read
 from test_train_cli import prompt_file
 
@@ -175,9 +175,9 @@ def test_train_interrupted_then_rerun_continues_with_the_same_losses(models, tmp
 
 
 def test_engine_finishes_the_token_step_in_flight_then_stops():
-    from methods.vanilla import VanillaDrafter
-    from specbench import interrupt
-    from specbench.engine import GenerationConfig, generate
+    from specbench.engine.vanilla import VanillaDrafter
+    from specbench.engine import interrupt
+    from specbench.engine.loop import GenerationConfig, generate
     from tiny import tiny_target
 
     target = tiny_target(0)

@@ -6,9 +6,9 @@ import torch
 
 from drafters import RandomTreeDrafter, RandomTreeOptions, SampledTreeDrafter, SampledTreeOptions
 from methods.sps import SpSDrafter, SpSOptions
-from methods.vanilla import VanillaDrafter
-from specbench.engine import GenerationConfig, generate
-from specbench.verify import SamplingParams
+from specbench.engine.vanilla import VanillaDrafter
+from specbench.engine.loop import GenerationConfig, generate
+from specbench.engine.verify import SamplingParams
 from stats import chi2_pvalue
 from tiny import tiny_llama, tiny_target
 

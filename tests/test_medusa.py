@@ -9,14 +9,14 @@ from safetensors.torch import save_file
 
 from methods.medusa import (MC_SIM_7B_63, MedusaDrafter, MedusaHeads, MedusaOptions, TreeSkeleton, load_medusa,
                             official_key_map, resolve_choices, save_medusa)
-from methods.vanilla import VanillaDrafter
-from specbench.drafter import create_drafter
-from specbench.engine import GenerationConfig, generate
+from specbench.engine.vanilla import VanillaDrafter
+from specbench.engine.drafter import create_drafter
+from specbench.engine.loop import GenerationConfig, generate
 from specbench.errors import SpecbenchError
 from specbench.training.batch import TrainBatch
 from specbench.training.features import pad_examples, target_taps
-from specbench.tree import SiblingKind
-from specbench.verify import SamplingParams
+from specbench.engine.tree import SiblingKind
+from specbench.engine.verify import SamplingParams
 from tiny import tiny_target
 
 PROMPTS = [[3, 17, 5, 42, 8], [1, 2, 3], [60, 7, 7, 7, 19, 33, 2, 9, 41]]

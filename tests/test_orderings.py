@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from specbench.cost_model import cost_model, ideal_and_efficiency
-from specbench.machine_load import MARK, under_load
-from specbench.orderings import Claim, load_claims, ordering_frame
-from specbench.paired import verdict
+from specbench.analysis.cost_model import cost_model, ideal_and_efficiency
+from specbench.run.machine_load import MARK, under_load
+from specbench.analysis.orderings import Claim, load_claims, ordering_frame
+from specbench.analysis.paired import verdict
 from specbench.records import GenerationRecord
-from specbench.report import ResultFile, write_report
+from specbench.analysis.report import ResultFile, write_report
 
 META = {"target": "t", "temperature": 0.0, "dtype": "float32", "threads": 1}
 

@@ -9,10 +9,10 @@ import torch
 from methods.pacer import (PacerDrafter, PacerNoGrowthDrafter, PacerOptions, PreVerifier, collate, keep_drafting,
                            pack_example, packed_visibility, replay_steps, step_labels)
 from methods.sps_confidence import SpSConfidenceDrafter, SpSConfidenceOptions, best_threshold, next_gamma
-from methods.vanilla import VanillaDrafter
-from specbench.engine import GenerationConfig, generate
+from specbench.engine.vanilla import VanillaDrafter
+from specbench.engine.loop import GenerationConfig, generate
 from specbench.errors import SpecbenchError
-from specbench.verify import SamplingParams
+from specbench.engine.verify import SamplingParams
 from stats import chi2_pvalue
 from tiny import tiny_llama, tiny_target
 

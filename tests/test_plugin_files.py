@@ -9,9 +9,9 @@ import re
 import pytest
 
 from specbench.errors import SpecbenchError
-from specbench.orderings import Claim, load_claims, read_claims
-from specbench.plugin_files import declared_paths
-from specbench.preset import build_plan, drafter_option, preset_names
+from specbench.analysis.orderings import Claim, load_claims, read_claims
+from specbench.run.plugin_files import declared_paths
+from specbench.run.preset import build_plan, drafter_option, preset_names
 from test_cli import cli
 
 TOY_PRESET = """\

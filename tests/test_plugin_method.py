@@ -22,9 +22,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from specbench.drafter import Drafter
+from specbench.engine.drafter import Drafter
 from specbench.training.plugin import MethodTrainer, TrainOptions, option
-from specbench.tree import DraftTree
+from specbench.engine.tree import DraftTree
 
 
 class Bigram(torch.nn.Module):

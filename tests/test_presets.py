@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from specbench import metrics
-from specbench.preset import build_plan, frame, load_preset, preset_names, select_prompts
-from specbench.benchmarks import Prompt
+from specbench.run.preset import build_plan, frame, load_preset, preset_names, select_prompts
+from specbench.run.benchmarks import Prompt
 from specbench.records import GenerationRecord
-from specbench.report import ResultFile, paper_metric_cells, paper_metric_table, render_markdown
-from specbench.runner import parse_also, run_sides
+from specbench.analysis.report import ResultFile, paper_metric_cells, paper_metric_table, render_markdown
+from specbench.run.runner import parse_also, run_sides
 from test_cli import cli
 
 
@@ -168,7 +168,7 @@ def test_reproduce_runs_the_plan_on_a_tiny_target(models, tmp_path, capsys):
     assert {(r["prompt_id"], r["turn"]) for r in records} == {("81", 0), ("81", 1)}  # MT-Bench's two turns
     assert all(len(r["new_tokens"]) <= 4 for r in records)
     # The report names the paper's metric; the export gives Spec-Bench files for both sides.
-    from specbench.report import build_report
+    from specbench.analysis.report import build_report
 
     table = build_report(files, paper_numbers=None, reps=0).paper_metric
     assert table is not None and "spec_bench_speedup" in render_markdown(table)

@@ -5,7 +5,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-from specbench.drafter import available_methods
+from specbench.engine.drafter import available_methods
 
 SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "reference_set.py"
 
@@ -54,7 +54,7 @@ def test_plan_covers_every_bench_method_and_claim():
 
 
 def test_the_ablation_run_compares_drafters_trained_alike_and_its_claim_pairs_them():
-    from specbench.orderings import _agree, _match, load_claims
+    from specbench.analysis.orderings import _agree, _match, load_claims
 
     module, runs = load_plan()
     argv = next(a for out, a in runs if "specblock-ablations_humaneval" in out)

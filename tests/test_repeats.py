@@ -11,8 +11,8 @@ import pytest
 from specbench import metrics
 from specbench.errors import SpecbenchError
 from specbench.records import GenerationRecord
-from specbench.repeats import median_index, merge_repeats, repeat_times
-from specbench.report import write_report
+from specbench.engine.repeats import median_index, merge_repeats, repeat_times
+from specbench.analysis.report import write_report
 from test_cli import base_args, cli, read
 
 

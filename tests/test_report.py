@@ -13,9 +13,9 @@ import pytest
 from specbench import metrics
 from specbench.errors import SpecbenchError
 from specbench.records import GenerationRecord
-from specbench.report import (DEFAULT_PAPER_NUMBERS, build_report, load_results, missing_reasons, rich_main_table,
+from specbench.analysis.report import (build_report, declared_paper_numbers, load_results, missing_reasons, rich_main_table,
                               rich_tables, speedup_ci, tau_ci, write_report)
-from specbench.report.figures import block_figures, sweep_frame
+from specbench.analysis.report.figures import block_figures, sweep_frame
 
 META = {"target": "smollm2-135m", "dtype": "bf16", "device": "cpu", "hardware": "AMD EPYC 9B14 (2 threads)",
         "git_sha": "abc1234", "temperature": 0.0, "max_new_tokens": 64, "seed": 0, "config_hash": "h",
@@ -201,8 +201,8 @@ def test_provenance_on_every_table(full: Path, tmp_path: Path):
 
 
 def test_provenance_names_the_node_budget(tmp_path: Path):
-    from specbench.report.records import load_result_files
-    from specbench.report.tables import provenance_lines
+    from specbench.analysis.report.records import load_result_files
+    from specbench.analysis.report.tables import provenance_lines
 
     path = write_jsonl(tmp_path / "b.jsonl", vanilla_records() + method_records("sps"), budget=16)
     assert "node budget 16; git abc1234" in provenance_lines(load_result_files(path))[0]
@@ -253,7 +253,8 @@ def test_speedup_uses_each_files_own_vanilla(tmp_path: Path):
 
 
 def test_paper_numbers_csv_parses():
-    with DEFAULT_PAPER_NUMBERS.open(newline="", encoding="utf-8") as f:
+    shipped, = declared_paper_numbers()  # methods/paper_numbers.csv, declared by the methods package
+    with shipped.open(newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == ["paper", "table", "model", "hardware", "temperature", "bench", "method", "speedup",
                              "tau", "td_percent", "notes", "specbench_method"]
@@ -344,7 +345,7 @@ def test_method_without_vanilla_keeps_tau_and_says_why(tmp_path: Path):
 
 def test_ablations_group_variants_at_the_same_budget_and_sweeps_stay_apart():
     # Files without the header's `methods` field: each side's class is found through the registry.
-    from specbench.report import ablation_groups, side_infos
+    from specbench.analysis.report import ablation_groups, side_infos
     labels = ["vanilla", "specblock@budget=16", "specblock-no-shift@budget=16", "eagle3@budget=16", "eagle3@budget=60",
               "specblock", "specblock-uniform-tree", "specblock-adapt", "sps", "sps-confidence"]
     assert ablation_groups(side_infos({}, labels)) == {

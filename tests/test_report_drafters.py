@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from specbench.report import build_report, write_report
-from specbench.report.drafters import drafter_folders, drafter_row, drafters_table
-from specbench.report.records import load_result_files
-from specbench.report.render import render_markdown
+from specbench.analysis.report import build_report, write_report
+from specbench.analysis.report.drafters import drafter_folders, drafter_row, drafters_table
+from specbench.analysis.report.records import load_result_files
+from specbench.analysis.report.render import render_markdown
 from tests.test_report import drafted, vanilla, write_jsonl
 
 

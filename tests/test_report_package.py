@@ -15,18 +15,18 @@ from pathlib import Path
 import pytest
 
 from specbench import metrics
-from specbench.drafter import available_methods
+from specbench.engine.drafter import available_methods
 from specbench.records import DECODE_PHASES
-from specbench.report import build_report, side_infos, write_report
-from specbench.report.figures import stage_colors, stages
-from specbench.report.method_tables import _LOCAL, register_table, table_functions
-from specbench.report.names import header_sides, registered_info
-from specbench.report.table import Cell, Table
+from specbench.analysis.report import build_report, side_infos, write_report
+from specbench.analysis.report.figures import stage_colors, stages
+from specbench.analysis.report.method_tables import _LOCAL, register_table, table_functions
+from specbench.analysis.report.names import header_sides, registered_info
+from specbench.analysis.report.table import Cell, Table
 from test_cli import base_args, cli, read
 from test_report import drafted, method_records, vanilla_records, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGE = ROOT / "specbench" / "report"
+PACKAGE = ROOT / "specbench" / "analysis" / "report"
 BLOCK = ("smollm2-135m", 0.0)
 
 
@@ -140,7 +140,7 @@ def test_a_table_from_an_installed_package_is_found_by_its_entry_point(tmp_path:
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toyreport\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text("[specbench.report_tables]\ntoy = toyreport:table\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    code = "from specbench.report.method_tables import table_functions; print(table_functions()['toy'].__module__)"
+    code = "from specbench.analysis.report.method_tables import table_functions; print(table_functions()['toy'].__module__)"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "toyreport"
@@ -152,20 +152,20 @@ def _imports(path: Path) -> set[str]:
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("specbench"):
             found.add(node.module)
-            found.update(f"{node.module}.{a.name}" for a in node.names)  # `from specbench.report import build`
+            found.update(f"{node.module}.{a.name}" for a in node.names)  # `from specbench.analysis.report import build`
         elif isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.startswith(("specbench", "methods")))
     return found
 
 
 def test_the_report_package_has_no_import_circle_and_imports_no_method():
-    modules = {f"specbench.report.{p.stem}": p for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
-    modules["specbench.orderings"] = ROOT / "specbench" / "orderings.py"
+    modules = {f"specbench.analysis.report.{p.stem}": p for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
+    modules["specbench.analysis.orderings"] = ROOT / "specbench" / "analysis" / "orderings.py"
     edges = {m: {i for i in _imports(p) if i in modules} for m, p in modules.items()}
     for m, p in modules.items():
         assert not any(i == "methods" or i.startswith("methods.") for i in _imports(p)), m
     # The package's __init__ imports nothing of its own at import time (its exports load lazily).
-    assert not {i for i in _imports(PACKAGE / "__init__.py") if i.startswith("specbench.report")}
+    assert not {i for i in _imports(PACKAGE / "__init__.py") if i.startswith("specbench.analysis.report")}
     state: dict[str, int] = {}
 
     def visit(m: str, path: list[str]) -> None:
@@ -184,7 +184,7 @@ def test_the_report_package_has_no_import_circle_and_imports_no_method():
 def test_each_module_imports_first():
     # One fresh interpreter; before each module, every specbench module is forgotten, so each is the
     # first of the project's modules to load (third-party libraries stay loaded, which saves seconds).
-    names = sorted(f"specbench.report.{p.stem}" for p in PACKAGE.glob("*.py") if p.stem != "__init__")
+    names = sorted(f"specbench.analysis.report.{p.stem}" for p in PACKAGE.glob("*.py") if p.stem != "__init__")
     script = textwrap.dedent("""
         import importlib, sys
         for name in sys.argv[1:]:
@@ -193,7 +193,7 @@ def test_each_module_imports_first():
             importlib.import_module(name)
     """)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    out = subprocess.run([sys.executable, "-c", script, "specbench.orderings", *names, "specbench.report"], env=env,
+    out = subprocess.run([sys.executable, "-c", script, "specbench.analysis.orderings", *names, "specbench.analysis.report"], env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from stats import chi2_pvalue
-from specbench.tree import DraftTree, SiblingKind
-from specbench.verify import SamplingParams, TreeRule, WalkResult, walk
+from specbench.engine.tree import DraftTree, SiblingKind
+from specbench.engine.verify import SamplingParams, TreeRule, WalkResult, walk
 
 V = 5
 N_SAMPLES = 20_000

@@ -13,10 +13,10 @@ from methods.specblock import SpecBlockDrafter, SpecBlockOptions, SpecBlockUnifo
 from methods.specblock_checkpoint import VOCAB_MAPPING, load_specblock, save_specblock
 from methods.specblock_model import RANK_FEATURES, SpecBlockConfig, SpecBlockModel, rank_features, rank_to_bucket
 from methods.specblock_train import LossSettings, SpecBlockLoss, block1_mask, cross_block_mask, valid_prefix
-from specbench.drafter import DecodeState, create_drafter, method_class
-from specbench.engine import GenerationConfig, generate
+from specbench.engine.drafter import DecodeState, create_drafter, method_class
+from specbench.engine.loop import GenerationConfig, generate
 from specbench.errors import SpecbenchError
-from specbench.verify import SamplingParams
+from specbench.engine.verify import SamplingParams
 from stats import chi2_pvalue
 from test_eagle3 import LAYERS, PROMPTS, VOCAB, make_batch, vocab_of
 from test_lossless import baseline, ready

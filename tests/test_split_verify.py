@@ -1,4 +1,4 @@
-"""Self-speculation over the target's first layers (specbench/split_verify.py): the split verify
+"""Self-speculation over the target's first layers (specbench/engine/split_verify.py): the split verify
 equals a full forward (fp32), shallow states reach verify only as an argument, and the target
 carries no state or method of its own for it."""
 
@@ -10,12 +10,12 @@ import torch
 from drafters import RandomTreeDrafter, RandomTreeOptions
 from methods.dvi import DVIDrafter, DVIOptions
 from methods.sps import SpSDrafter, SpSOptions
-from methods.vanilla import VanillaDrafter
-from specbench import kvcache, split_verify
-from specbench.engine import GenerationConfig, generate
-from specbench.split_verify import ShallowStates, forward_shallow
-from specbench.target import Target
-from specbench.tree import DraftTree
+from specbench.engine.vanilla import VanillaDrafter
+from specbench.engine import kvcache, split_verify
+from specbench.engine.loop import GenerationConfig, generate
+from specbench.engine.split_verify import ShallowStates, forward_shallow
+from specbench.engine.target import Target
+from specbench.engine.tree import DraftTree
 from tiny import tiny_llama, tiny_target
 
 

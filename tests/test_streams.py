@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from specbench.errors import SpecbenchError
-from specbench.runner import RunConfig, parse_also, parse_sweep, run_sides
-from specbench.streams import MIXED_PARTS, build_queries, load_stream_prompts
+from specbench.run.runner import RunConfig, parse_also, parse_sweep, run_sides
+from specbench.run.streams import MIXED_PARTS, build_queries, load_stream_prompts
 from test_cli import base_args, cli, read
 
 

@@ -3,7 +3,7 @@
 import torch
 
 from drafters import random_tree
-from specbench.tree import DraftTree
+from specbench.engine.tree import DraftTree
 from tiny import tiny_target
 
 PROMPT = [3, 17, 5, 42, 8, 11]

@@ -8,10 +8,10 @@ import pytest
 
 from methods.eagle3 import Eagle3Drafter, Eagle3Options
 from methods.sps import SpSDrafter, SpSOptions
-from methods.vanilla import VanillaDrafter
-from specbench.engine import GenerationConfig, generate
-from specbench.results import hardware
-from specbench.target import Target
+from specbench.engine.vanilla import VanillaDrafter
+from specbench.engine.loop import GenerationConfig, generate
+from specbench.run.results import hardware
+from specbench.engine.target import Target
 from test_cli import cli
 
 
@@ -111,7 +111,7 @@ def test_train_medusa_then_run_it(models, tmp_path, capsys, monkeypatch):
 
 def test_shipped_responses_seed_the_cache_without_generating(models, tmp_path, capsys, monkeypatch):
     """`train data --export` writes prompt-free responses; a later run finds them under
-    training_data/<target>/ and rebuilds the same cache rows by re-rendering the prompts only."""
+    specbench/training/responses/<target>/ and rebuilds the same cache rows by re-rendering the prompts only."""
     from specbench.training import data as data_mod
 
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
@@ -164,7 +164,7 @@ def test_train_pacer_on_the_shared_fit_then_run_it(models, tmp_path, capsys, mon
 
 @pytest.mark.parametrize("steps", [2, 5])  # within the first epoch, and on into a second
 def test_max_steps_sets_the_run_length_the_schedule_and_the_card_and_auto_dtype_resolves(steps, models, tmp_path, capsys, monkeypatch):
-    from specbench import devices
+    from specbench.engine import devices
 
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(devices, "cpu_flags", lambda: {"avx2"})  # --dtype auto: float32 on a CPU without bf16

@@ -8,8 +8,8 @@ import torch
 
 from methods.sps import SpSDrafter, SpSOptions
 from methods.sps_student import build_student, distillation_loss, load_student, save_student
-from methods.vanilla import VanillaDrafter
-from specbench.engine import GenerationConfig, generate
+from specbench.engine.vanilla import VanillaDrafter
+from specbench.engine.loop import GenerationConfig, generate
 from specbench.errors import SpecbenchError
 from specbench.training.checkpoint import load_drafter, save_drafter, target_fingerprint
 from specbench.training.features import FeatureCache, iterate_batches, pad_examples, token_counts
@@ -179,7 +179,7 @@ def test_target_check_compares_the_vocabulary_not_special_token_metadata(models,
     """Two transformers releases read one GGUF's eos/pad differently; the ids still mean the same
     tokens, so a drafter recorded with the vocabulary fingerprint loads under either, and a drafter
     for another vocabulary is refused."""
-    from specbench.target import Target
+    from specbench.engine.target import Target
 
     target = Target.load(models["target"], "float32")
     fingerprint = target_fingerprint(target)

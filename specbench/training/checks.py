@@ -17,7 +17,7 @@ def check_options(values: dict, rules: dict[str, dict], then: Callable[[], None]
     (``min``, ``positive``, ``fraction``, ``note``; see ``training.plugin``); ``then``: a command's
     own checks. Then the shared values every command may take: dtype, data dir, prompt file (read
     now, so a damaged one fails before the target loads) and the output folder."""
-    from specbench.target import resolve_dtype
+    from specbench.engine.target import resolve_dtype
 
     for name, value in values.items():
         check_value(name, value, rules.get(name, {}))
@@ -26,11 +26,11 @@ def check_options(values: dict, rules: dict[str, dict], then: Callable[[], None]
     if values.get("dtype", "auto") != "auto":
         resolve_dtype(values["dtype"])
     if values.get("data_dir"):
-        from specbench.benchmarks import check_data_dir_option
+        from specbench.run.benchmarks import check_data_dir_option
 
         check_data_dir_option(values["data_dir"])
     if "prompts" in values:
-        from specbench.benchmarks import load_benchmark
+        from specbench.run.benchmarks import load_benchmark
 
         load_benchmark(str(prompt_file(values["prompts"], values.get("data_dir"))), limit=values.get("limit"))
     out = values.get("out")
@@ -78,7 +78,7 @@ def check_writable_folder(out: Path) -> None:
 
 
 def prompt_file(prompts: Optional[str], data_dir: Optional[str]) -> Path:
-    from specbench.benchmarks import data_dir as resolve_dir
+    from specbench.run.benchmarks import data_dir as resolve_dir
     from specbench.training.data import DEFAULT_PROMPTS
 
     if prompts:

@@ -84,7 +84,7 @@ def run_trainer(trainer, values: dict) -> dict:
 
 def training_dtype(spec: str, device: str) -> str:
     """The dtype a run trains in: ``auto`` resolved for the device; a warning where bf16 would be emulated."""
-    from specbench.devices import choose_dtype, emulated_bf16, resolve_device
+    from specbench.engine.devices import choose_dtype, emulated_bf16, resolve_device
 
     resolved = resolve_device(device)
     dtype, _ = choose_dtype(spec, resolved)
@@ -117,13 +117,13 @@ def data(
                                                "else float32)."),
     max_prompt_tokens: int = _shared("max_prompt_tokens"),
     export: Optional[Path] = typer.Option(None, help="Also write the responses (no prompt text) to this "
-                                                     ".responses.jsonl.gz, to ship under training_data/<target>/."),
+                                                     ".responses.jsonl.gz, to ship under specbench/training/responses/<target>/."),
     device: str = _shared("device"),
 ) -> None:
     """Answer the prompts with the target (resumable; under torchrun each rank answers its share);
     prints where the data is cached."""
     check_options(locals(), DATA_RULES)
-    from specbench import distributed
+    from specbench.run import distributed
     from specbench.training.checkpoint import vocab_fingerprint
     from specbench.training.data import _prompt_digest, export_responses
     from specbench.training.fit import load_data, load_target

@@ -6,18 +6,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import importlib.resources
 from pathlib import Path
 from typing import Iterable
 
 import torch
 from rich.progress import Progress
 
-from specbench import distributed
-from specbench.benchmarks import Prompt
+from specbench.run import distributed
+from specbench.run.benchmarks import Prompt
 from specbench.errors import SpecbenchError
-from specbench.merge import find_parts, part_path
-from specbench.prompts import render_chat
-from specbench.target import Target, cache_dir
+from specbench.run.merge import find_parts, part_path
+from specbench.engine.prompts import render_chat
+from specbench.engine.target import Target, cache_dir
 from specbench.training.checkpoint import vocab_fingerprint
 
 DEFAULT_PROMPTS = "train_prompts/sharegpt_first_turns.jsonl"  # relative to the data dir
@@ -143,7 +144,7 @@ def _answer(target: Target, prompts: list[Prompt], out: Path, max_new_tokens: in
 
 # Regenerated answers ship without their prompts (the prompt files stay in the data dir): a
 # gzipped JSONL whose first line describes what the responses answer, then {id, response_ids}.
-SHIPPED_RESPONSES = Path(__file__).resolve().parents[2] / "training_data"
+SHIPPED_RESPONSES = Path(str(importlib.resources.files("specbench.training") / "responses"))  # package data
 
 
 def _prompt_digest(prompt_file: str | Path) -> str:

@@ -12,8 +12,8 @@ from typing import Iterator, Sequence
 import torch
 from safetensors.torch import load_file, save_file
 
-from specbench.distributed import World, rows_of
-from specbench.target import Target
+from specbench.run.distributed import World, rows_of
+from specbench.engine.target import Target
 from specbench.training.batch import TrainBatch
 
 

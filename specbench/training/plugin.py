@@ -99,7 +99,7 @@ def registered_trainers() -> dict[str, type[MethodTrainer]]:
     trainer (variants, subclasses) give one command, named by the trainer's ``command`` or else by
     the method that declares it. A method that fails to import is skipped with a warning, so one
     broken plugin does not take every other trainer down."""
-    from specbench.drafter import available_methods, method_class
+    from specbench.engine.drafter import available_methods, method_class
 
     users: dict[type, list[tuple[str, bool]]] = {}
     for name in available_methods():

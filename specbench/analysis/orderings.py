@@ -1,0 +1,276 @@
+"""Verdicts on the papers' claims: for each claim, holds / reversed / inconclusive from a paired
+bootstrap over prompt turns (``specbench.analysis.paired``), per benchmark and over all benchmarks together.
+
+Claims are data, YAML files that method packages ship (entry-point group ``specbench.claims``): two
+label patterns, a metric, a direction and a threshold on the ratio A / B. Patterns are regular
+expressions matched against whole side labels; named groups that both patterns have must agree
+(``(?P<at>@budget=\\d+)?`` pairs two methods at the same budget).
+``compare`` says what A is held against: ``each`` B label, the ``best`` B label (highest point value on
+the pairs), the ``next`` A label in the order of its ``budget`` group (monotone claims; A = the larger),
+or A's own first ``quarters`` of the stream (its last quarter over its first, unpaired)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from specbench import metrics
+from specbench.analysis import paired
+from specbench.errors import SpecbenchError
+from specbench.run.plugin_files import declared_paths
+from specbench.records import GenerationRecord
+
+VANILLA = "vanilla"
+ALL = "all"
+
+
+@dataclass(frozen=True)
+class Claim:
+    text: str  # the claim as the table prints it
+    source: str  # the paper that makes it
+    a: str  # label pattern of the side claimed better / larger
+    b: str = ""  # label pattern of the side it is held against
+    metric: str = "speedup"  # speedup | tau | td (paired.METRICS)
+    direction: str = ">"  # the claimed relation of A / B to threshold: > | >= | <
+    threshold: float = 1.0
+    compare: str = "each"  # each | best | next | quarters
+    benches: tuple[str, ...] = ()  # only these benches (empty: every bench)
+    up_to_peak: bool = False  # only A labels whose budget is at most the budget of A's best speedup
+
+
+CLAIMS_GROUP = "specbench.claims"  # entry points naming YAML files of claims
+COMPARES = ("each", "best", "next", "quarters")
+DIRECTIONS = (">", ">=", "<")
+
+
+def read_claims(path: Path) -> list[Claim]:
+    """The claims of one YAML file: a list of mappings with Claim's fields (text, source and a required)."""
+    try:
+        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as e:
+        raise SpecbenchError(f"claims file {path}: {e}".replace("\n", " ")) from None
+    if not isinstance(raw, list) or not all(isinstance(c, dict) for c in raw):
+        raise SpecbenchError(f"claims file {path} must be a YAML list of mappings")
+    return [_claim(c, f"claims file {path}, claim {i + 1}") for i, c in enumerate(raw)]
+
+
+def _claim(raw: dict, where: str) -> Claim:
+    fields = [f.name for f in dataclasses.fields(Claim)]
+    unknown = sorted(set(raw) - set(fields))
+    missing = [k for k in ("text", "source", "a") if not raw.get(k)]
+    if unknown or missing:
+        problems = [f"unknown field {k!r}" for k in unknown] + [f"no {k}" for k in missing]
+        raise SpecbenchError(f"{where}: {'; '.join(problems)} (fields: {', '.join(fields)})")
+    benches = raw.get("benches") or ()
+    claim = Claim(**{**raw, "threshold": float(raw.get("threshold", 1.0)),
+                     "benches": (benches,) if isinstance(benches, str) else tuple(benches)})
+    for name, value, allowed in (("metric", claim.metric, tuple(paired.METRICS)),
+                                 ("direction", claim.direction, DIRECTIONS), ("compare", claim.compare, COMPARES)):
+        if value not in allowed:
+            raise SpecbenchError(f"{where}: {name} {value!r} is not one of {', '.join(allowed)}")
+    for pattern in (claim.a, claim.b):
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise SpecbenchError(f"{where}: pattern {pattern!r}: {e}") from None
+    return claim
+
+
+def load_claims() -> tuple[Claim, ...]:
+    """Every claim the method packages declare (entry-point group ``specbench.claims``), in their order."""
+    return tuple(c for path in declared_paths(CLAIMS_GROUP) for c in read_claims(path))
+
+
+COLUMNS = ["target", "temperature", "claim", "source", "bench", "a", "b", "metric", "n", "ratio", "ratio_lo",
+           "ratio_hi", "direction", "threshold", "verdict"]
+
+
+# ---- units ---------------------------------------------------------------------------------------
+
+def units(files: Sequence, label: str, bench: str | None, with_file: bool) -> dict:
+    """Unit rows of one side keyed by (bench, prompt_id, turn), or (file, bench, prompt_id, turn)."""
+    out: dict = {}
+    for f in files:
+        base = {metrics.key(r): r for r in f.records if r.method == VANILLA}
+        for r in f.records:
+            if r.method == label and (bench is None or r.bench == bench):
+                key = (f.path.name, *metrics.key(r)) if with_file else metrics.key(r)
+                out.setdefault(key, paired.unit_columns(r, base.get(metrics.key(r))))
+    return out
+
+
+def paired_units(files: Sequence, a: str, b: str, bench: str | None) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of A and B on the turns both ran: within the files that hold both sides when there are any
+    (each with its own vanilla), else across files of the same block by prompt id and turn."""
+    shared = [f for f in files if {a, b} <= {r.method for r in f.records}]
+    group = shared or files
+    ra, rb, _ = paired.pair_rows(units(group, a, bench, bool(shared)), units(group, b, bench, bool(shared)))
+    return ra, rb
+
+
+def quarter_units(files: Sequence, label: str, bench: str | None) -> tuple[np.ndarray, np.ndarray]:
+    """A side's first and last quarter of its stream (by query index), per file, pooled."""
+    first, last = [], []
+    for f in files:
+        recs = sorted((r for r in f.records if r.method == label and (bench is None or r.bench == bench)),
+                      key=lambda r: (r.query_index, r.turn))
+        q = len(recs) // 4
+        if q:
+            first += [paired.unit_columns(r, None) for r in recs[:q]]
+            last += [paired.unit_columns(r, None) for r in recs[-q:]]
+    return np.array(first, dtype=float).reshape(-1, 8), np.array(last, dtype=float).reshape(-1, 8)
+
+
+# ---- one claim -------------------------------------------------------------------------------------
+
+def _match(pattern: str, labels: Iterable[str]) -> dict[str, dict]:
+    rx = re.compile(pattern)
+    return {label: m.groupdict() for label in sorted(labels) if (m := rx.fullmatch(label))}
+
+
+def _agree(ga: dict, gb: dict) -> bool:
+    return all(ga[k] == gb[k] for k in set(ga) & set(gb))
+
+
+def _budget(groups: dict) -> int:
+    return int(groups.get("budget") or 0)
+
+
+def _point(files, label: str, bench: str | None, metric: str) -> float:
+    rows = np.array(list(units(files, label, bench, True).values()), dtype=float).reshape(-1, 8)
+    rows = rows[paired.usable(metric, rows)]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return float(paired.METRICS[metric](rows.sum(0))) if len(rows) else math.nan
+
+
+def comparisons(claim: Claim, files: Sequence, bench: str | None) -> list[tuple[str, str, np.ndarray, np.ndarray]]:
+    """(A label, B label, A rows, B rows) for every comparison the claim makes on ``bench``."""
+    labels = {r.method for f in files for r in f.records if bench is None or r.bench == bench}
+    sides_a = _match(claim.a, labels)
+    if claim.up_to_peak and sides_a:
+        points = {label: _point(files, label, bench, "speedup") for label in sides_a}
+        finite = {k: v for k, v in points.items() if math.isfinite(v)}
+        if finite:
+            peak = _budget(sides_a[max(finite, key=finite.get)])
+            sides_a = {k: g for k, g in sides_a.items() if _budget(g) <= peak}
+    out = []
+    if claim.compare == "quarters":
+        for label in sides_a:
+            first, last = quarter_units(files, label, bench)
+            out.append((f"{label} (last quarter)", f"{label} (first quarter)", last, first))
+        return out
+    if claim.compare == "next":
+        ordered = sorted(sides_a, key=lambda k: _budget(sides_a[k]))
+        for small, large in zip(ordered, ordered[1:]):
+            out.append((large, small, *paired_units(files, large, small, bench)))
+        return out
+    sides_b = _match(claim.b, labels)
+    for label_a, ga in sides_a.items():
+        rivals = [label_b for label_b, gb in sides_b.items() if label_b != label_a and _agree(ga, gb)]
+        if claim.compare == "best" and rivals:
+            rivals = [max(rivals, key=lambda b: _nan_low(_point(files, b, bench, claim.metric)))]
+        for label_b in rivals:
+            out.append((label_a, label_b, *paired_units(files, label_a, label_b, bench)))
+    return out
+
+
+def _nan_low(x: float) -> float:
+    return x if math.isfinite(x) else -math.inf
+
+
+def judge(claim: Claim, a: np.ndarray, b: np.ndarray, reps: int = paired.REPS, seed: int = paired.SEED) -> dict:
+    """Point ratio A / B, its 95% interval, n and the verdict."""
+    if claim.compare == "quarters":
+        n = min(len(a), len(b))
+        point, lo, hi = paired.unpaired_ratio(a, b, claim.metric, reps, seed) if n else (math.nan,) * 3
+    else:
+        keep = paired.usable(claim.metric, a) & paired.usable(claim.metric, b)
+        a, b = a[keep], b[keep]
+        n = len(a)
+        point, lo, hi = paired.paired_ratio(a, b, claim.metric, reps, seed) if n else (math.nan,) * 3
+    return dict(n=n, ratio=point, ratio_lo=lo, ratio_hi=hi,
+                verdict=paired.verdict(lo, hi, claim.direction, claim.threshold, n))
+
+
+def ordering_frame(files: Sequence, claims: Sequence[Claim] | None = None, reps: int = paired.REPS,
+                   seed: int = paired.SEED) -> pd.DataFrame:
+    """One row per (block, claim, bench or 'all', comparison); a claim with nothing to compare in a
+    block gets one 'no data' row. ``claims``: the declared ones (``load_claims``) unless given."""
+    claims = load_claims() if claims is None else claims
+    blocks: dict = {}
+    for f in files:
+        if f.records:
+            blocks.setdefault(f.block, []).append(f)
+    rows = []
+    for (target, temp), group in sorted(blocks.items()):
+        benches = sorted({r.bench for f in group for r in f.records})
+        for claim in claims:
+            scope = [b for b in benches if not claim.benches or b in claim.benches]
+            found = 0
+            for bench in scope + ([ALL] if len(scope) > 1 else []):
+                for label_a, label_b, a, b in comparisons(claim, group, None if bench == ALL else bench):
+                    found += 1
+                    rows.append(dict(target=target, temperature=temp, claim=claim.text, source=claim.source,
+                                     bench=bench, a=label_a, b=label_b, metric=claim.metric,
+                                     direction=claim.direction, threshold=claim.threshold,
+                                     **judge(claim, a, b, reps, seed)))
+            if not found:
+                rows.append(dict(target=target, temperature=temp, claim=claim.text, source=claim.source, bench="",
+                                 a="", b="", metric=claim.metric, n=0, ratio=math.nan, ratio_lo=math.nan,
+                                 ratio_hi=math.nan, direction=claim.direction, threshold=claim.threshold,
+                                 verdict="no data"))
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+# ---- the table ---------------------------------------------------------------------------------------
+
+def _fmt_ratio(point: float, lo: float, hi: float) -> str:
+    if not math.isfinite(point):
+        return "—"
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return f"{point:.3f}"
+    return f"{point:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
+def orderings_table(frame: pd.DataFrame, provenance: Sequence[str] = (), claims: Sequence[Claim] | None = None):
+    """The 'orderings' table: a section per block, a row per claim × bench × comparison (claims in the
+    order of ``claims``, by default the declared ones)."""
+    from specbench.analysis.report.table import Cell, Table, bench_label, block_label
+
+    claims = load_claims() if claims is None else claims
+
+    columns = ["Claim", "Bench", "A", "B", "Metric", "n", "A / B [95% CI]", "Claimed", "Verdict"]
+    sections = []
+    for (target, temp), block in frame.groupby(["target", "temperature"], sort=True):
+        rows = []
+        order = {c.text: i for i, c in enumerate(claims)}
+        block = block.assign(_c=block.claim.map(lambda c: order.get(c, len(order))),
+                             _b=block.bench.map(lambda b: (b == ALL, b)))
+        for r in block.sort_values(["_c", "_b", "a", "b"], kind="stable").itertuples():
+            claimed = f"{r.direction} {r.threshold:g}"
+            rows.append([Cell(r.claim), Cell(bench_label(r.bench) if r.bench not in ("", ALL) else r.bench or "—"),
+                         Cell(r.a or "—"), Cell(r.b or "—"), Cell(paired.METRIC_LABELS.get(r.metric, r.metric)),
+                         Cell(str(r.n)), Cell(_fmt_ratio(r.ratio, r.ratio_lo, r.ratio_hi)), Cell(claimed),
+                         Cell(r.verdict, r.verdict in ("holds", "reversed"))])
+        sections.append((block_label((target, temp)), rows))
+    notes = [f"Verdict from a paired bootstrap over prompt turns ({paired.REPS} resamples, seed {paired.SEED}, "
+             f"{paired.LEVEL:.0%} percentile interval of A / B): holds = the whole interval on the claimed side of "
+             "the threshold, reversed = the whole interval on the other side, inconclusive = it straddles it or "
+             f"fewer than {paired.MIN_UNITS} turns pair; no data = the records hold no side the claim names",
+             "Pairs: the same prompt turn of A and B, inside the files that hold both sides (each speedup against "
+             "its own file's vanilla), else across files of the same block by prompt id and turn; n = paired "
+             "turns; 'all' pools the benches",
+             "Monotone claims hold A = the next larger budget against B = the smaller; stream claims hold a "
+             "side's last quarter of the stream (by query index) against its first quarter, resampled apart"]
+    notes += [f"{c.text}: {c.source}" for c in claims]
+    data = frame.assign(temperature=frame.temperature.map(lambda t: f"{t:g}"))
+    return Table("orderings_table", "Orderings: do the papers' claims hold in these records?", columns, [],
+                 sections, data, notes, list(provenance), align="lllllrrll")

@@ -1,0 +1,138 @@
+"""The report: result files -> every table (and the figures) -> files on disk, or the main table
+for the console."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import pandas as pd
+
+from specbench.analysis.orderings import ordering_frame, orderings_table
+from specbench.records import GenerationRecord
+from specbench.analysis.report.drafters import drafters_table
+from specbench.analysis.report.figures import write_figures
+from specbench.analysis.report.method_tables import registered_tables
+from specbench.analysis.report.names import Block, MethodInfo
+from specbench.analysis.report.papers import (DEFAULT_PAPER_NUMBERS, load_paper_numbers, paper_comparison_table, paper_files,
+                                     paper_metric_table)
+from specbench.analysis.report.records import PathSpec, ResultFile, block_records, block_sides, load_result_files
+from specbench.analysis.report.render import (flat_headers, render_csv, render_index_html, render_latex,
+                                     render_markdown)
+from specbench.analysis.report.stats import (BOLD_REPS, BOOTSTRAP_REPS, BOOTSTRAP_SEED, blocks_of_kind, cell_frame,
+                                    loaded_cells, method_frame, of_kind, significant_cells)
+from specbench.analysis.report.table import Table
+from specbench.analysis.report.tables import ablation_table, companion_table, main_table, provenance_lines, streams_table
+
+
+@dataclass
+class Report:
+    files: list[ResultFile]
+    blocks: dict[Block, list[GenerationRecord]]
+    cells: pd.DataFrame  # every (block, method, bench) cell, mixed streams included
+    methods: pd.DataFrame  # per (block, method) over the single benchmarks' records
+    main: Table
+    companion: Table
+    ablation: Table | None
+    papers: Table | None
+    method_tables: list[Table] = field(default_factory=list)  # tables methods register (method_tables.py)
+    paper_metric: Table | None = None
+    orderings: Table | None = None
+    sides: dict[Block, dict[str, MethodInfo]] = field(default_factory=dict)
+    drafters: Table | None = None  # the held-out figures of the drafter folders the records name
+    streams: Table | None = None  # the main table's layout for the mixed streams, when any ran
+
+    @property
+    def bench_cells(self) -> pd.DataFrame:
+        """The cells of the single benchmarks (what means over benches and the trade-off figure use)."""
+        return of_kind(self.cells, streams=False)
+
+    @property
+    def tables(self) -> list[Table]:
+        return [t for t in (self.main, self.streams, self.companion, self.ablation, *self.method_tables, self.papers,
+                            self.paper_metric, self.orderings, self.drafters) if t is not None]
+
+    def table(self, name: str) -> Table | None:
+        """A table by its file stem (e.g. a method's own table), or None."""
+        return next((t for t in self.tables if t.name == name), None)
+
+
+def build_report(results: PathSpec, paper_numbers: str | Path | Sequence[Path] | None = DEFAULT_PAPER_NUMBERS,
+                 reps: int = BOOTSTRAP_REPS, seed: int = BOOTSTRAP_SEED) -> Report:
+    """Everything computed, nothing written. ``reps=0`` skips the bootstrap (console preview)."""
+    files = load_result_files(results)
+    blocks = block_records(files)
+    sides = block_sides(files)
+    cells = cell_frame(blocks, reps=reps, seed=seed)
+    # Mixed streams get a table of their own: a benchmark mean, T_D% or paper row never pools a stream run.
+    bench_cells, methods = of_kind(cells, streams=False), method_frame(blocks_of_kind(blocks, streams=False))
+    prov = provenance_lines(files)
+    papers = None
+    if paper_csvs := paper_files(paper_numbers):
+        known = [info for block in sides.values() for info in block.values()]
+        papers = paper_comparison_table(bench_cells, methods, load_paper_numbers(paper_csvs, known), files,
+                                        prov + [f"paper numbers: {', '.join(p.name for p in paper_csvs)}"])
+    bold_reps, loaded = BOLD_REPS if reps else 0, loaded_cells(files)  # reps=0: a preview, no tests
+    main = main_table(bench_cells, methods, prov, significant_cells(files, bold_reps, seed), loaded)
+    streams = None
+    if stream_blocks := blocks_of_kind(blocks, streams=True):
+        streams = streams_table(of_kind(cells, streams=True), method_frame(stream_blocks), prov,
+                                significant_cells(files, bold_reps, seed, streams=True), loaded)
+    orderings = orderings_table(ordering_frame(files, seed=seed), prov) if reps else None
+    return Report(files, blocks, cells, methods, main, companion_table(cells, prov), ablation_table(cells, sides, prov),
+                  papers, registered_tables(blocks, prov), paper_metric_table(files), orderings, sides,
+                  drafters_table(files, prov), streams)
+
+
+def write_report(results_glob_or_paths: PathSpec = "results/*.jsonl", out_dir: str | Path = "reports",
+                 paper_numbers: str | Path | Sequence[Path] | None = DEFAULT_PAPER_NUMBERS, figures: bool = True) -> list[Path]:
+    """Write every table as .md/.tex/.csv, the figures as PNG+PDF and a self-contained index.html.
+
+    Returns the written paths, sorted."""
+    report = build_report(results_glob_or_paths, paper_numbers)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    for table in report.tables:
+        for suffix, text in ((".md", render_markdown(table)), (".tex", render_latex(table)),
+                             (".csv", render_csv(table))):
+            path = out / f"{table.name}{suffix}"
+            path.write_text(text, encoding="utf-8")
+            written.append(path)
+    figure_paths = write_figures(report, out / "figures") if figures else []
+    written += figure_paths
+    index = out / "index.html"
+    index.write_text(render_index_html(report.tables, [p for p in figure_paths if p.suffix == ".png"]),
+                     encoding="utf-8")
+    written.append(index)
+    return sorted(written)
+
+
+def rich_main_table(source: "Report | PathSpec"):
+    """The main table as a rich.table.Table for the console."""
+    return rich_tables(source)[0]
+
+
+def rich_tables(source: "Report | PathSpec") -> list:
+    """The main table, then the mixed streams' table when any stream ran, as rich.table.Tables (a main table
+    without rows, when only streams ran, is left out)."""
+    report = source if isinstance(source, Report) else build_report(source, reps=0)
+    shown = [t for t in (report.main, report.streams) if t is not None and t.sections]
+    return [_rich(t) for t in shown or [report.main]]
+
+
+def _rich(table: Table):
+    from rich.table import Table as RichTable
+    from rich.text import Text
+
+    rich = RichTable(title=table.title, caption="\n".join(table.provenance), caption_justify="left")
+    for head, align in zip(flat_headers(table), table.align):
+        rich.add_column(head, justify="left" if align == "l" else "right")
+    for s, (label, rows) in enumerate(table.sections):
+        if s:
+            rich.add_section()
+        rich.add_row(Text(label, style="italic"), *[""] * (len(table.columns) - 1))
+        for row in rows:
+            rich.add_row(*[Text(c.text, style="bold" if c.bold else "") for c in row])
+    return rich

@@ -1,0 +1,49 @@
+"""Report tables a method brings along: functions registered under the entry-point group
+``specbench.report_tables`` (pyproject.toml, ``name = "package.module:function"``) or in-process with
+``register_table``. The report calls each, in name order, as ``function(blocks, provenance)`` with the
+records per (target, temperature) block and the provenance lines; a function returns a ``Table``
+(``specbench.analysis.report.table``) or None when the records hold nothing for it."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Callable, Mapping, Sequence
+
+from specbench.engine.drafter import _entry_points
+from specbench.errors import SpecbenchError
+from specbench.records import GenerationRecord
+from specbench.analysis.report.names import Block
+from specbench.analysis.report.table import Table
+
+GROUP = "specbench.report_tables"
+TableFunction = Callable[[Mapping[Block, list[GenerationRecord]], Sequence[str]], "Table | None"]
+_LOCAL: dict[str, TableFunction] = {}
+
+
+def register_table(name: str):
+    """Register a table function in-process (tests, notebooks); packages use the entry-point group."""
+
+    def wrap(fn: TableFunction) -> TableFunction:
+        _LOCAL[name] = fn
+        return fn
+
+    return wrap
+
+
+def table_functions() -> dict[str, TableFunction]:
+    """name -> table function, for every registered one."""
+    found: dict[str, TableFunction] = {}
+    for name, target in _entry_points(GROUP).items():
+        module, _, attr = target.partition(":")
+        try:
+            found[name] = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as exc:
+            raise SpecbenchError(f"report table {name!r} ({target}) cannot be loaded: {exc}") from None
+    found.update(_LOCAL)
+    return dict(sorted(found.items()))
+
+
+def registered_tables(blocks: Mapping[Block, list[GenerationRecord]], provenance: Sequence[str] = ()) -> list[Table]:
+    """Every registered table that has rows in these records."""
+    tables = [fn(blocks, list(provenance)) for fn in table_functions().values()]
+    return [t for t in tables if t is not None]

@@ -1,0 +1,138 @@
+"""Loading: result files (header + records) -> ResultFile -> records per (target, temperature) block."""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence, Union
+
+from specbench.errors import SpecbenchError
+from specbench.records import GenerationRecord
+from specbench.analysis.report.names import Block, MethodInfo, side_infos
+
+PathSpec = Union[str, Path, Sequence[Union[str, Path]]]
+
+# Fields a result line may lack (older writers); everything else GenerationRecord requires.
+_RECORD_DEFAULTS = {"new_tokens": [], "prompt_tokens": 0, "stop_reason": "", "times": {}, "n_verify": 0,
+                    "accept_lengths": [], "tree_sizes": [], "depth_attempts": [], "depth_accepts": []}
+
+
+@dataclass(frozen=True)
+class ResultFile:
+    path: Path
+    meta: dict
+    records: tuple[GenerationRecord, ...]
+
+    @property
+    def block(self) -> Block:
+        temperature = self.meta.get("temperature")
+        if temperature is None:
+            temperature = self.records[0].temperature if self.records else 0.0
+        return str(self.meta.get("target", "unknown")), float(temperature)
+
+    def sides(self) -> dict[str, MethodInfo]:
+        """Every side label of its records -> what method it is (names.side_infos)."""
+        return side_infos(self.meta, sorted({r.method for r in self.records}))
+
+
+def resolve_paths(spec: PathSpec) -> list[Path]:
+    """A glob, a file, a folder (its *.jsonl) or a list of those -> sorted unique files."""
+    items = [spec] if isinstance(spec, (str, Path)) else list(spec)
+    found: set[Path] = set()
+    for item in items:
+        path = Path(item)
+        if path.is_dir():
+            found.update(path.glob("*.jsonl"))
+        elif path.is_file():
+            found.add(path)
+        else:
+            found.update(Path(p) for p in glob.glob(str(item)) if Path(p).is_file())
+    if not found:
+        shown = ", ".join(str(i) for i in items) or "(nothing given)"
+        raise SpecbenchError(f"no result files matched {shown}; run `specbench run ...` first")
+    return sorted(found, key=str)
+
+
+def _record_from(obj: dict) -> GenerationRecord:
+    return GenerationRecord.from_dict({**_RECORD_DEFAULTS, **obj})
+
+
+def read_result_file(path: str | Path) -> ResultFile:
+    """Header line -> meta; record lines -> GenerationRecords. Unparseable lines are skipped: an
+    interrupted run leaves a torn last line, and everything before it is still good."""
+    path = Path(path)
+    meta: dict = {}
+    records: list[GenerationRecord] = []
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecbenchError(f"cannot read results file {path} ({exc.strerror}); check it or leave it out") from None
+    except UnicodeDecodeError:
+        raise SpecbenchError(f"{path} is not a specbench results file (not UTF-8 text); leave it out") from None
+    for line in text.splitlines():
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(obj, dict):
+            continue
+        if obj.get("type") == "header" and not meta:
+            meta = dict(obj.get("meta") or {})
+        elif obj.get("type") == "record":
+            try:
+                records.append(_record_from(obj))
+            except TypeError:  # a line that parses but is not a record (e.g. cut exactly at a brace)
+                continue
+    return ResultFile(path, meta, tuple(records))
+
+
+def load_result_files(spec: PathSpec) -> list[ResultFile]:
+    files = [read_result_file(p) for p in resolve_paths(spec)]
+    if not any(f.records for f in files):
+        names = ", ".join(f.path.name for f in files)
+        raise SpecbenchError(f"no records in {names}; run `specbench run ...` first")
+    return files
+
+
+def load_results(paths: PathSpec) -> tuple[list[GenerationRecord], dict[str, dict]]:
+    """All records of the matched files, and each file's header meta keyed by its path."""
+    files = load_result_files(paths)
+    return [r for f in files for r in f.records], {str(f.path): f.meta for f in files}
+
+
+def files_by_block(files: Sequence[ResultFile]) -> dict[Block, list[ResultFile]]:
+    """The files with records, grouped by (target, temperature), in file order."""
+    out: dict[Block, list[ResultFile]] = {}
+    for f in files:
+        if f.records:
+            out.setdefault(f.block, []).append(f)
+    return out
+
+
+def block_records(files: Sequence[ResultFile]) -> dict[Block, list[GenerationRecord]]:
+    """Records per (target, temperature). Speedups must pair a method with the vanilla run of the
+    same file, and metrics match by (bench, prompt_id, turn): so when a block spans several files,
+    prompt ids are prefixed with the file name to keep each file's pairs apart."""
+    out: dict[Block, list[GenerationRecord]] = {}
+    for block, group in sorted(files_by_block(files).items()):
+        if len(group) == 1:
+            out[block] = list(group[0].records)
+        else:
+            out[block] = [dataclasses.replace(r, prompt_id=f"{f.path.name}:{r.prompt_id}")
+                          for f in group for r in f.records]
+    return out
+
+
+def block_sides(files: Sequence[ResultFile]) -> dict[Block, dict[str, MethodInfo]]:
+    """Side label -> MethodInfo per block (a label in several files of a block: the first file's)."""
+    out: dict[Block, dict[str, MethodInfo]] = {}
+    for block, group in sorted(files_by_block(files).items()):
+        sides: dict[str, MethodInfo] = {}
+        for f in group:
+            for label, info in f.sides().items():
+                sides.setdefault(label, info)
+        out[block] = dict(sorted(sides.items()))
+    return out

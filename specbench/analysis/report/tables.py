@@ -1,0 +1,238 @@
+"""The method-agnostic tables: main (per bench and mean), companion (intervals, cost model) and
+ablations (grouped by what each side's method declares as ``ablation_of``)."""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping, Sequence
+
+import pandas as pd
+
+from specbench.run.machine_load import LOAD_SHARE, MARK
+from specbench.analysis.report.names import MEAN, VANILLA, Block, MethodInfo, bench_key, bench_label, block_label, budget_of
+from specbench.analysis.report.records import ResultFile, files_by_block
+from specbench.analysis.report.stats import BOLD_REPS, CELL_COLUMNS, mean_over_benches, missing_reasons
+from specbench.analysis.report.table import (DASH, Cell, Table, finite, fmt_ci, fmt_delta, fmt_pct, fmt_spd, fmt_spd_n,
+                                    fmt_tau, fmt_tps, nanmean)
+
+
+def _bench_groups(benches: Sequence[str], lead: Sequence[str]) -> tuple[list[str], list[tuple[str, int]]]:
+    columns = list(lead)
+    groups: list[tuple[str, int]] = [("", len(lead))]
+    for bench in benches:
+        columns += ["Spd", "τ"]
+        groups.append((bench_label(bench), 2))
+    return columns, groups
+
+
+def provenance_lines(files: Sequence[ResultFile]) -> list[str]:
+    """One line per block: result files, prompts per bench, hardware, dtype, seed, node budget (runs made
+    with ``--budget``), git sha."""
+    lines = []
+    for block, group in sorted(files_by_block(files).items()):
+        prompts: dict[str, set] = {}
+        for f in group:
+            for r in f.records:
+                prompts.setdefault(r.bench, set()).add(r.prompt_id)
+
+        def meta(name: str) -> str:
+            values = sorted({str(f.meta.get(name)) for f in group if f.meta.get(name) is not None})
+            return " / ".join(values) if values else "?"
+
+        per_bench = ", ".join(f"{b} {len(prompts[b])}" for b in sorted(prompts, key=bench_key))
+        lines.append(f"{block_label(block)}: files {', '.join(sorted(f.path.name for f in group))}; "
+                     f"prompts per bench: {per_bench}; hardware {meta('hardware')}; device {meta('device')}; "
+                     f"dtype {meta('dtype')}; max_new_tokens {meta('max_new_tokens')}; seed {meta('seed')}; "
+                     + (f"node budget {meta('budget')}; " if any(f.meta.get("budget") for f in group) else "")
+                     + f"git {meta('git_sha')}")
+    return lines
+
+
+def main_table(cells: pd.DataFrame, methods: pd.DataFrame, provenance: Sequence[str] = (),
+               bold: frozenset = frozenset(), loaded: frozenset = frozenset()) -> Table:
+    """SpecBlock Table 1 layout: a block per (target, T), a row per method, Spd (n)/τ per bench, Mean with the
+    cost model's ideal speedup and efficiency, T_D%, greedy match. ``cells``/``methods``: the single
+    benchmarks' (stats.of_kind, stats.blocks_of_kind); ``bold``: (target, T, method, bench or 'mean') whose
+    speedup's paired interval excludes the runner-up's; ``loaded``: (target, T, method, bench) recorded under
+    load."""
+    return _speedup_table("main_table", "Speedup (Spd) over vanilla and mean accepted length τ per benchmark",
+                          "Spd (n=prompts) = end-to-end speedup over the same file's vanilla; Mean = mean over the "
+                          "benchmarks each method ran (n summed; mixed streams are in streams_table)",
+                          cells, methods, provenance, bold, loaded)
+
+
+def streams_table(cells: pd.DataFrame, methods: pd.DataFrame, provenance: Sequence[str] = (),
+                  bold: frozenset = frozenset(), loaded: frozenset = frozenset()) -> Table:
+    """The main table's layout for the mixed query streams (``--bench mixed --passes N``), where the methods
+    that learn while serving are measured: one column per stream, its own mean, T_D% and greedy match over
+    the stream records only."""
+    return _speedup_table("streams_table", "Speedup (Spd) over vanilla and mean accepted length τ on mixed "
+                          "query streams (methods that learn while serving, and their static baselines)",
+                          "Spd (n=queries over all passes) = end-to-end speedup over the same file's vanilla on "
+                          "the same stream; Mean = mean over the streams each method ran",
+                          cells, methods, provenance, bold, loaded)
+
+
+def _speedup_table(name: str, title: str, spd_note: str, cells: pd.DataFrame, methods: pd.DataFrame,
+                   provenance: Sequence[str], bold: frozenset, loaded: frozenset) -> Table:
+    benches = sorted(cells.bench.unique(), key=bench_key)
+    columns, groups = _bench_groups(benches, ["Method"])
+    columns += ["Spd", "τ", "Ideal", "Eff.", "T_D%", "Greedy"]
+    groups += [("Mean", 4), ("", 2)]
+    mean_spd, mean_tau = mean_over_benches(cells, "speedup"), mean_over_benches(cells, "tau")
+    mean_ideal, mean_eff = mean_over_benches(cells, "ideal_speedup"), mean_over_benches(cells, "efficiency")
+    per_method = methods.set_index(["target", "temperature", "method"])
+    sections, records = [], []
+    for (target, temp), block in cells.groupby(["target", "temperature"], sort=True):
+        rows = []
+        for method, part in block.groupby("method", sort=True):
+            part = part.set_index("bench")
+            key = (target, temp, method)
+            row = [Cell(method)]
+            data = dict(target=target, temperature=f"{temp:g}", method=method)
+            n_all = 0
+            for bench in benches:
+                spd, tau, n = part.at[bench, "speedup"], part.at[bench, "tau"], part.at[bench, "n_prompts"]
+                n_all += int(n) if finite(spd) else 0
+                row += [Cell(fmt_spd_n(spd, n, (*key, bench) in loaded), (*key, bench) in bold), Cell(fmt_tau(tau))]
+                data.update({f"{bench}_spd": spd, f"{bench}_tau": tau, f"{bench}_n": n})
+            greedy, greedy_n = per_method.at[key, "greedy_match"], per_method.at[key, "greedy_n"]
+            any_loaded = any((*key, b) in loaded for b in benches)
+            row += [Cell(fmt_spd_n(mean_spd[key], n_all, any_loaded), (*key, MEAN) in bold),
+                    Cell(fmt_tau(mean_tau[key])), Cell(fmt_spd(mean_ideal[key])), Cell(fmt_pct(mean_eff[key])),
+                    Cell(fmt_pct(per_method.at[key, "td"])),
+                    Cell(f"{fmt_pct(greedy)} ({int(greedy_n)})" if greedy_n else DASH)]
+            data.update(mean_spd=mean_spd[key], mean_tau=mean_tau[key], mean_ideal_spd=mean_ideal[key],
+                        mean_efficiency=mean_eff[key], td_percent=100 * per_method.at[key, "td"],
+                        greedy_match=greedy, greedy_n=greedy_n, under_load=any_loaded)
+            rows.append(row)
+            records.append(data)
+        sections.append((block_label((target, temp)), rows))
+    notes = [f"{spd_note}; T_D% = drafter share of decode time over all its prompts in this table; bold = the "
+             "best speedup of its column within a block whose paired bootstrap interval (over prompt turns, "
+             f"{BOLD_REPS} resamples) against the runner-up lies above 1 (Mean: pooled over the benchmarks)",
+             "Ideal = τ · t_vanilla_step / (t_draft + t_verify) from the measured forward times per verify call "
+             "(see specbench/analysis/cost_model.py); Eff. = measured decode-only speedup / ideal (overhead beyond model "
+             "forwards); both means over benchmarks",
+             "Greedy = share of T = 0 turns (n) whose text equals vanilla's token for token"]
+    if loaded:
+        notes.append(f"{MARK} = recorded under load: other work took more than {LOAD_SHARE:.0%} of the machine's "
+                     "CPUs before the run or after one of its turns (header load_start, record load_avg); its timings are suspect")
+    notes += [f"{m} × {b} ({block_label((t, temp))}): {why}" for (t, temp, m, b), why in missing_reasons(cells).items()]
+    return Table(name, title, columns, groups, sections, pd.DataFrame(records), notes, list(provenance))
+
+
+def companion_table(cells: pd.DataFrame, provenance: Sequence[str] = ()) -> Table:
+    """Per method and bench: end-to-end vs decode-only speedup with 95% CIs, greedy match, tokens/s, n."""
+    columns = ["Method", "Bench", "n", "Spd [95% CI]", "Spd decode", "Ideal", "Eff.", "τ [95% CI]", "τ macro", "T_D%",
+               "Greedy match", "tok/s", "vanilla tok/s"]
+    ran = cells[cells.n_prompts > 0]
+    sections, notes = [], []
+    for (target, temp), block in ran.groupby(["target", "temperature"], sort=True):
+        rows = []
+        for r in sorted(block.itertuples(), key=lambda r: (r.method, bench_key(r.bench))):
+            greedy = DASH if not finite(r.greedy_match) else f"{100 * r.greedy_match:.0f}%"
+            rows.append([Cell(r.method), Cell(r.bench), Cell(str(r.n_prompts)),
+                         Cell(fmt_ci(fmt_spd(r.speedup), r.speedup_lo, r.speedup_hi, fmt_spd)),
+                         Cell(fmt_spd(r.speedup_decode)), Cell(fmt_spd(r.ideal_speedup)), Cell(fmt_pct(r.efficiency)),
+                         Cell(fmt_ci(fmt_tau(r.tau), r.tau_lo, r.tau_hi, fmt_tau)),
+                         Cell(fmt_tau(r.tau_macro)), Cell(fmt_pct(r.td)), Cell(greedy),
+                         Cell(fmt_tps(r.tokens_per_s)), Cell(fmt_tps(r.vanilla_tokens_per_s))])
+            if r.reason:
+                notes.append(f"{r.method} × {r.bench} ({block_label((target, temp))}): {r.reason}")
+        sections.append((block_label((target, temp)), rows))
+    if (ran.temperature > 0).any():
+        notes.append("greedy match is reported at T = 0 only; at T > 0 outputs are samples")
+    notes.append("Ideal = the cost model's speedup from measured forward times (specbench/analysis/cost_model.py); "
+                 "Eff. = Spd decode / Ideal")
+    data = ran.assign(temperature=ran.temperature.map(lambda t: f"{t:g}"), td_percent=100 * ran.td)
+    data = data.sort_values(["target", "temperature", "method", "bench"]).reset_index(drop=True)
+    data = data[[c if c != "td" else "td_percent" for c in CELL_COLUMNS]]
+    return Table("companion_table", "Speedup end-to-end vs decode-only, with bootstrap 95% intervals over prompts",
+                 columns, [], sections, data, notes, list(provenance), align="ll" + "r" * 11)
+
+
+def ablation_groups(sides: Mapping[str, MethodInfo]) -> dict[str, list[str]]:
+    """Side labels grouped for the ablation table, keyed by the base label (``specblock``,
+    ``specblock@budget=16`` or ``specblock (400 steps)``): every side whose method declares ``ablation_of``
+    joins its base method's group with the same label suffix (what follows the method name: a node
+    budget, or which drafters a run compared), with the sides of the base method itself; groups without an
+    ablation are left out. Labels differing only in budget form a sweep (its own figure), not an ablation."""
+    def key(label: str, method: str) -> str:
+        info = sides[label]
+        if label.startswith(info.method):  # "specblock-no-shift (400 steps)" -> "specblock (400 steps)"
+            return method + label[len(info.method):]
+        budget = budget_of(label)  # a label of its own: only its node budget groups it
+        return method + (f"@budget={budget[1]}" if budget else "")
+
+    groups: dict[str, set[str]] = {}
+    for label, info in sides.items():
+        if info.ablation_of:
+            groups.setdefault(key(label, info.ablation_of), set()).add(label)
+    for label, info in sides.items():
+        if not info.ablation_of and label != VANILLA and key(label, info.method) in groups:
+            groups[key(label, info.method)].add(label)
+    return {k: sorted(v, key=lambda m: (m != k, m)) for k, v in sorted(groups.items())}
+
+
+def ablation_table(cells: pd.DataFrame, sides: Mapping[Block, Mapping[str, MethodInfo]],
+                   provenance: Sequence[str] = ()) -> Table | None:
+    """SpecBlock Table 2 layout: rows = a method and its ablations (``ablation_groups`` over each block's
+    ``sides``); Spd/τ per bench, Mean, Δ vs the base."""
+    ran = cells[cells.n_prompts > 0]
+    sections, records, notes = [], [], []
+    benches_all: set[str] = set()
+    plan = []
+    for (target, temp), block in ran.groupby(["target", "temperature"], sort=True):
+        here = sides.get((target, temp), {})
+        present = set(block.method)
+        for fam, labels in ablation_groups(here).items():
+            labels = [label for label in labels if label in present]
+            ablations = [label for label in labels if here[label].ablation_of]
+            if not ablations:  # its ablations did not run
+                continue
+            # Only the benches an ablation ran: the base's other runs (e.g. a mixed stream) are no comparison.
+            ablation_benches = set(block[block.method.isin(ablations)].bench)
+            part = block[block.method.isin(labels) & block.bench.isin(ablation_benches)]
+            benches_all.update(part.bench)
+            plan.append(((target, temp), fam, labels, part))
+    if not plan:
+        return None
+    benches = sorted(benches_all, key=bench_key)
+    columns, groups = _bench_groups(benches, ["Variant"])
+    columns += ["Spd", "τ", "ΔSpd", "Δτ"]
+    groups += [("Mean", 2), ("vs base", 2)]
+    for block, fam, labels, part in plan:
+        by = {(r.method, r.bench): r for r in part.itertuples()}
+        base_benches = {b for (m, b) in by if m == fam}
+        rows = []
+        for label in labels:
+            mine = {b for (m, b) in by if m == label}
+            common = mine & base_benches  # deltas compare like with like: benches both ran
+            spd = [by[(label, b)].speedup if (label, b) in by else math.nan for b in benches]
+            tau = [by[(label, b)].tau if (label, b) in by else math.nan for b in benches]
+            mean = (nanmean(spd), nanmean(tau))
+            if fam in labels and common:
+                d_spd = nanmean([by[(label, b)].speedup - by[(fam, b)].speedup for b in sorted(common)])
+                d_tau = nanmean([by[(label, b)].tau - by[(fam, b)].tau for b in sorted(common)])
+            else:
+                d_spd = d_tau = math.nan
+                if label != fam:
+                    notes.append(f"{label} ({block_label(block)}): no '{fam}' run on the same benches to compare with")
+            row = [Cell(label)]
+            for s, t in zip(spd, tau):
+                row += [Cell(fmt_spd(s)), Cell(fmt_tau(t))]
+            deltas = [Cell(""), Cell("")] if label == fam else [Cell(fmt_delta(d_spd, "×")), Cell(fmt_delta(d_tau))]
+            row += [Cell(fmt_spd(mean[0])), Cell(fmt_tau(mean[1]))] + deltas
+            rows.append(row)
+            data = dict(target=block[0], temperature=f"{block[1]:g}", family=fam, method=label)
+            for b, s, t in zip(benches, spd, tau):
+                data.update({f"{b}_spd": s, f"{b}_tau": t})
+            data.update(mean_spd=mean[0], mean_tau=mean[1], delta_spd=d_spd, delta_tau=d_tau)
+            records.append(data)
+        sections.append((f"{block_label(block)} · {fam}", rows))
+    notes.append("Δ = variant minus base method, averaged over the benches both ran")
+    return Table("ablation_table", "Ablations: variants of one method", columns, groups, sections,
+                 pd.DataFrame(records), notes, list(provenance))
+
+

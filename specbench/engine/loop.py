@@ -1,0 +1,170 @@
+"""The decode loop: prefill -> {propose, compile, verify, walk, commit, observe} until EOS or the budget.
+
+Every method, the vanilla baseline included, runs through ``generate``; the phases it times are
+the only clock the metrics use. The engine owns that clock (one ``PhaseTimer`` per generation) and
+passes it explicitly: to the target's verify, and to the drafter as ``DecodeState.timer``.
+
+Phases: ``prefill``; per step ``draft`` (propose + observe; drafters time sub-phases such as
+``tree_build`` and ``adapt`` inside it through ``state.timer``), ``compile`` (the DraftTree turned
+into the verify inputs on the target's device: ids, depth positions, mask, child table; the same
+code for every method, bookkeeping and not drafting), ``verify`` (forward + walk), ``commit``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence
+
+import torch
+
+from specbench.engine import interrupt
+from specbench.engine.drafter import DecodeState, Drafter, VerifyResult
+from specbench.engine.prompts import render_chat
+from specbench.records import GenerationRecord
+from specbench.engine.repeats import merge_repeats
+from specbench.engine.target import Target
+from specbench.engine.timing import NULL_TIMER, PhaseTimer
+from specbench.engine.verify import SamplingParams, TreeRule, sample_token, walk
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    max_new_tokens: int = 128
+    sampling: SamplingParams = SamplingParams()
+    seed: int | None = 0
+    tree_rule: TreeRule | None = None  # None: A for deterministic trees, C for sampled ones
+    stop_on_eos: bool = True
+
+
+def _generator(device: torch.device, seed: int | None) -> torch.Generator | None:
+    if seed is None:
+        return None
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    return gen
+
+
+def generate(target: Target, drafter: Drafter, prompt_ids: Sequence[int], config: GenerationConfig,
+             method: str | None = None, timer: PhaseTimer | None = None) -> GenerationRecord:
+    """Generate one turn. Returns a record whose ``new_tokens`` are cut at the first EOS
+    (inclusive) and at ``max_new_tokens``. ``timer`` defaults to a fresh ``PhaseTimer`` on the
+    target's device (pass a fresh one per generation; a ``NullTimer`` measures the untimed engine)."""
+    if config.max_new_tokens < 1:
+        raise ValueError("max_new_tokens must be >= 1")
+    interrupt.check()
+    timer = PhaseTimer(target.device) if timer is None else timer
+    params = config.sampling
+    gen = _generator(target.device, config.seed)
+    eos = target.eos_token_ids if config.stop_on_eos else set()
+    taps = tuple(drafter.taps)
+    prompt_ids = [int(t) for t in prompt_ids]
+
+    # Prefill is timed as a whole: its forwards (the target's, the drafter's in begin) are not
+    # counted, so the forward counters cover the decode phase only.
+    with timer.phase("prefill"):
+        out = target.prefill(prompt_ids, taps=taps)
+        bonus = sample_token(out.logits[-1], params, gen)
+        state = DecodeState(tokens=prompt_ids + [bonus], prompt_len=len(prompt_ids), params=params,
+                            generator=gen, timer=NULL_TIMER)
+        drafter.begin(state, out)
+    state.timer = timer
+
+    new_tokens = [bonus]
+    accept_lengths: list[int] = []
+    tree_sizes: list[int] = []
+    attempts: list[int] = []
+    accepts: list[int] = []
+
+    hit_eos = bonus in eos
+    while not hit_eos and len(new_tokens) < config.max_new_tokens:
+        interrupt.check()  # Ctrl-C / SIGTERM: stop after the token step in flight; this turn is not recorded
+        with timer.phase("draft"):
+            tree = drafter.propose(state)
+        with timer.phase("compile"):
+            compiled = target.compile_tree(state.bonus, tree)
+        with timer.phase("verify"):
+            out = target.verify(compiled, taps=taps, timer=timer, shallow=tree.shallow)
+            result = walk(tree, out.logits, params, gen, config.tree_rule)
+        with timer.phase("commit"):
+            rows = [0] + [node + 1 for node in result.accepted]
+            target.commit(rows)
+            committed = [tree.token_list[n] for n in result.accepted] + [result.bonus]
+            state.tokens.extend(committed)
+            new_tokens.extend(committed)
+            hit_eos = any(t in eos for t in committed)
+            _count_depths(tree, result.accepted, attempts, accepts)
+            accept_lengths.append(len(result.accepted))
+            tree_sizes.append(len(tree))
+            kept_taps = {i: t[rows] for i, t in out.taps.items()} if out.taps else {}
+        with timer.phase("draft"):
+            drafter.observe(state, VerifyResult(tree, result.accepted, committed, result.bonus, out.logits,
+                                                kept_taps, result.stop_row))
+    extra = drafter.end(state) or {}
+
+    new_tokens, stop_reason = _truncate(new_tokens, eos, config.max_new_tokens)
+    timer.resolve()  # CUDA: read every event of this generation (one synchronize)
+    return GenerationRecord(
+        method=method or drafter.name,
+        new_tokens=new_tokens,
+        prompt_tokens=len(prompt_ids),
+        stop_reason=stop_reason,
+        times=timer.seconds(),
+        n_verify=len(accept_lengths),
+        accept_lengths=accept_lengths,
+        tree_sizes=tree_sizes,
+        depth_attempts=attempts,
+        depth_accepts=accepts,
+        forwards=dict(timer.forward_calls),
+        forward_times={k: v / 1e9 for k, v in timer.forward_ns.items()},
+        temperature=params.temperature,
+        seed=config.seed,
+        extra=extra,
+    )
+
+
+def _count_depths(tree, accepted: list[int], attempts: list[int], accepts: list[int]) -> None:
+    """Depth k was attempted if depth k-1 was accepted and that node has a child (alpha_k)."""
+    reach = len(accepted) + (1 if tree.children.get(accepted[-1] if accepted else -1) else 0)
+    while len(attempts) < reach:
+        attempts.append(0)
+        accepts.append(0)
+    for k in range(reach):
+        attempts[k] += 1
+    for k in range(len(accepted)):
+        accepts[k] += 1
+
+
+def _truncate(tokens: list[int], eos: set[int], limit: int) -> tuple[list[int], str]:
+    for i, t in enumerate(tokens[:limit]):
+        if t in eos:
+            return tokens[: i + 1], "eos"
+    return tokens[:limit], "length"
+
+
+def generate_turns(target: Target, drafter: Drafter, turns: list[str], config_for: Callable[[int], GenerationConfig],
+                   system_prompt: str | None = None, method: str | None = None,
+                   finished: Callable[[int], GenerationRecord | None] = lambda turn: None,
+                   admit: Callable[[list[int]], bool] = lambda ids: True,
+                   repeats: int = 1) -> Iterator[GenerationRecord]:
+    """Multi-turn generation (MT-Bench): turn k is rendered with the chat template over the
+    earlier user turns and this method's own answers to them.
+
+    Yields each newly generated record as soon as it exists (so the caller can store it before
+    the next turn starts). ``finished(k)`` returns an already stored record to reuse instead of
+    regenerating (resume); ``admit(ids)`` may refuse a rendered turn (e.g. past the context),
+    which ends the conversation. ``repeats`` > 1 times each turn that many times back to back (same
+    seed; the tokens must agree) and yields the median repeat's record with every repeat's times."""
+    messages: list[dict] = []
+    for k, user in enumerate(turns):
+        messages.append({"role": "user", "content": user})
+        record = finished(k)
+        if record is None:
+            ids = render_chat(target.tokenizer, messages, system_prompt, getattr(target, "chat", None))
+            if not admit(ids):
+                return
+            runs = [generate(target, drafter, ids, config_for(k), method=method) for _ in range(repeats)]
+            record = merge_repeats(runs, where=f"turn {k} of {method or drafter.name}") if repeats > 1 else runs[0]
+            record.turn = k
+            yield record
+        answer = target.tokenizer.decode(record.new_tokens, skip_special_tokens=True)
+        messages.append({"role": "assistant", "content": answer})

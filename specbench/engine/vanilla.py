@@ -1,0 +1,17 @@
+"""Vanilla decoding: no drafter. Every verify call carries only the bonus token, through the
+same engine, cache code and clock as every method, so speedups compare like with like."""
+
+from __future__ import annotations
+
+from specbench.engine.drafter import DecodeState, Drafter
+from specbench.engine.tree import DraftTree
+
+_EMPTY = DraftTree.empty()
+
+
+class VanillaDrafter(Drafter):
+    name = "vanilla"
+    label = "Vanilla"
+
+    def propose(self, state: DecodeState) -> DraftTree:
+        return _EMPTY

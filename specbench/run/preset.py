@@ -1,0 +1,426 @@
+"""Paper presets: a published table's evaluation protocol as data (YAML files that method packages ship
+under the entry-point group ``specbench.presets``), expanded into ordinary ``specbench run`` configurations.
+
+A preset names the paper's benches (with its prompt framing and sample selection), max new tokens,
+temperatures, methods with their budgets, the published drafter of each method per target, and the
+paper's metric; every setting carries its source. ``build_plan`` turns a preset and a target into one
+``RunConfig`` per bench x temperature (plus a vanilla run per bench x temperature for each other attention
+implementation the preset's ``baseline_attn`` names), without loading any model; ``format_plan`` prints it
+(``--dry-run``); ``execute`` writes the framed prompt files and runs each config through ``Runner``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jsonlines
+import numpy as np
+import yaml
+
+from specbench.run.benchmarks import Prompt, load_benchmark
+from specbench.engine.drafter import available_methods, method_class
+from specbench.errors import SpecbenchError, unknown_name_error
+from specbench.run.plugin_files import declared_paths
+from specbench.run.runner import BASELINE, RunConfig
+
+PRESETS_GROUP = "specbench.presets"  # entry points naming folders of preset *.yaml files
+_ENTRY_META = ("source", "train", "revision", "note")  # drafter-entry keys that are not method options
+
+
+# ------------------------------------------------------------------------------------------- loading
+
+def preset_files() -> dict[str, Path]:
+    """Preset name (the file's stem) -> its YAML file, over every folder the packages declare."""
+    found: dict[str, Path] = {}
+    for folder in declared_paths(PRESETS_GROUP):
+        for path in sorted(folder.glob("*.yaml")):
+            if path.stem in found:
+                raise SpecbenchError(f"preset {path.stem} is shipped twice: {found[path.stem]} and {path}")
+            found[path.stem] = path
+    return found
+
+
+def preset_names() -> list[str]:
+    return sorted(preset_files())
+
+
+def load_preset(name: str) -> dict:
+    path = preset_files().get(name)
+    if path is None:
+        raise unknown_name_error("preset", name, preset_names(), "specbench list presets")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise SpecbenchError(f"preset {path} is not valid YAML: {e}".replace("\n", " ")) from None
+    missing = [k for k in ("name", "title", "metric", "temperatures", "max_new_tokens", "targets", "benches", "methods")
+               if k not in (raw or {})]
+    if missing:
+        raise SpecbenchError(f"preset {path} lacks field(s) {', '.join(missing)}")
+    return raw
+
+
+def list_presets() -> list[dict]:
+    return [load_preset(name) for name in preset_names()]
+
+
+# ------------------------------------------------------------------------------------------- the plan
+
+@dataclass
+class BenchPlan:
+    bench: str
+    wanted: int  # the paper's count
+    prompts: list[Prompt] = field(default_factory=list)  # selected and framed
+    selection: str = ""
+    unavailable: str = ""
+    notes: list[str] = field(default_factory=list)
+    source: str = ""
+
+    @property
+    def turns(self) -> int:
+        return sum(len(p.turns) for p in self.prompts)
+
+
+@dataclass(frozen=True)
+class SidePlan:
+    label: str
+    method: str
+    options: dict
+    source: str
+
+
+@dataclass
+class RunPlan:
+    cfg: RunConfig
+    bench: str
+    temperature: float
+    sides: list[SidePlan]
+    prompt_file: Path
+
+
+@dataclass
+class Plan:
+    preset: dict
+    target: str
+    target_entry: dict
+    benches: list[BenchPlan]
+    sides: list[SidePlan]
+    skipped: list[tuple[str, str]]  # (method label, why it does not run, with how to get its drafter)
+    runs: list[RunPlan]
+    max_new_tokens: int
+    temperatures: list[float]
+    notes: list[str]
+
+    @property
+    def name(self) -> str:
+        return self.preset["name"]
+
+
+def match_target(preset: dict, target: str) -> dict | None:
+    """The preset's entry for TARGET: the same hub id, or a local folder with the same name."""
+    for entry in preset["targets"]:
+        if target == entry["id"] or Path(target.rstrip("/")).name == entry["id"].split("/")[-1]:
+            return entry
+    return None
+
+
+def select_prompts(prompts: list[Prompt], spec: dict) -> tuple[list[Prompt], str]:
+    """The paper's selection of ``n`` prompts: first | shuffle (HF ``Dataset.shuffle(seed).select``, which
+    permutes with numpy's default_rng(seed) and is skipped when the set is no larger than n) | sample
+    (specbench's --sample: seeded random subset kept in file order)."""
+    n, kind, seed = spec.get("n"), spec.get("select", "first"), int(spec.get("seed", 0))
+    if n is None or n >= len(prompts):
+        return list(prompts), f"all {len(prompts)}"
+    if kind == "first":
+        return prompts[:n], f"first {n}"
+    if kind == "shuffle":
+        order = np.random.default_rng(seed).permutation(len(prompts))[:n]
+        return [prompts[i] for i in order], f"shuffle(seed={seed}).select({n})"
+    if kind == "sample":
+        keep = sorted(random.Random(seed).sample(range(len(prompts)), n))
+        return [prompts[i] for i in keep], f"random {n} (seed {seed})"
+    raise SpecbenchError(f"preset bench {spec['bench']!r}: unknown select {kind!r} (first, shuffle or sample)")
+
+
+def frame(prompt: Prompt, template: str) -> Prompt:
+    """Each user turn through the paper's template: {turn} = our stored turn, {meta[key]} = a raw field."""
+    try:
+        turns = [template.format(turn=t, meta=prompt.meta) for t in prompt.turns]
+    except (KeyError, IndexError) as e:
+        raise SpecbenchError(f"preset template {template!r} needs {e} in the meta of prompt {prompt.id}") from None
+    return dataclasses.replace(prompt, turns=turns)
+
+
+def _bench_plan(spec: dict, data_dir: str | None, limit: int | None) -> BenchPlan:
+    plan = BenchPlan(spec["bench"], spec.get("n") or 0, source=spec.get("source", ""))
+    if spec.get("note"):
+        plan.notes.append(spec["note"])
+    if spec.get("unavailable"):
+        plan.unavailable = spec["unavailable"]
+        return plan
+    prompts = load_benchmark(spec["bench"], data_dir, category=spec.get("category"))
+    chosen, plan.selection = select_prompts(prompts, spec)
+    if plan.wanted and len(chosen) < plan.wanted:
+        plan.notes.append(f"only {len(chosen)} of the paper's {plan.wanted} prompts are available")
+    if limit is not None:
+        chosen = chosen[:limit]
+        plan.selection += f", --limit {limit}"
+    plan.prompts = [frame(p, spec.get("template", "{turn}")) for p in chosen]
+    return plan
+
+
+def drafter_option(name: str) -> str:
+    """The method option a drafter entry fills when given as ``--drafter NAME=VALUE``: the weights that
+    method NAME adds itself, i.e. the last of its ``weight_options`` (a subclass appends its own to its
+    parent's); ``path`` for a name that is no registered method or has no weights option."""
+    if name not in available_methods():
+        return "path"
+    options = method_class(name).weight_options
+    return options[-1] if options else "path"
+
+
+def _options_text(value) -> str:
+    text = str(value).lower() if isinstance(value, bool) else str(value)
+    if "@" in text:
+        raise SpecbenchError(f"option value {text!r} contains '@'; give a revision with revision= instead")
+    return text
+
+
+def _drafter_options(entry: dict, names: list[str]) -> tuple[dict, str | None]:
+    """Method options from the target's drafter entries, or (_, how to get the missing drafter)."""
+    options: dict = {}
+    for name in names:
+        d = entry.get("drafters", {}).get(name)
+        if d is None:
+            return {}, f"no {name} drafter is known for {entry['id']}; give one with --drafter {name}=PATH_OR_HUB_ID"
+        opts = {k: v for k, v in d.items() if k not in _ENTRY_META}
+        if not opts:
+            return {}, f"drafter not published: {d.get('train', 'train one')}; then --drafter {name}=FOLDER"
+        options.update(opts)
+        if d.get("revision"):
+            options["revision"] = d["revision"]
+    return options, None
+
+
+def _sides(preset: dict, entry: dict) -> tuple[list[dict], list[tuple[str, str]]]:
+    """Runnable methods (with their drafter options) and the skipped ones with the reason."""
+    runnable, skipped = [], []
+    for m in preset["methods"]:
+        names = m.get("drafter") or []
+        names = [names] if isinstance(names, str) else list(names)
+        drafter_opts, why = _drafter_options(entry, names)
+        for optional in m.get("drafter_optional") or []:
+            if optional in entry.get("drafters", {}):
+                drafter_opts.update(_drafter_options(entry, [optional])[0])
+        if why:
+            skipped.append((m["label"], why))
+        else:
+            runnable.append({**m, "drafter_options": drafter_opts})
+    return runnable, skipped
+
+
+def _side_plans(method: dict, bench: str, target_id: str) -> list[SidePlan]:
+    options = {**method["drafter_options"], **(method.get("options") or {})}
+    source = method.get("source", "")
+    for o in method.get("overrides") or []:
+        if target_id in o.get("targets", [target_id]) and bench in o.get("benches", [bench]):
+            options.update(o["options"])
+            source += f"; {o.get('source', '')}"
+    if not method.get("sweep"):
+        return [SidePlan(method["label"], method["method"], options, source)]
+    key, _, values = method["sweep"].partition("=")
+    return [SidePlan(f"{method['label']}@{key}={v}", method["method"], {**options, key: v}, source)
+            for v in values.split(",")]
+
+
+def _also_spec(side: SidePlan) -> str:
+    pairs = "".join(f"@{k}={_options_text(v)}" for k, v in side.options.items())
+    return f"{side.method}{pairs}@label={side.label}"
+
+
+def _supported(field_name: str) -> bool:
+    return field_name in RunConfig.__dataclass_fields__
+
+
+def build_plan(name: str, target: str, *, limit: int | None = None, out_dir: str | Path = "results",
+               drafters: dict[str, str] | None = None, device: str = "cpu", dtype: str | None = None,
+               max_new_tokens: int | None = None, data_dir: str | None = None, target_revision: str | None = None,
+               resume: bool = False, overwrite: bool = False) -> Plan:
+    """Everything a reproduction will run, as RunConfigs; loads prompt files, never a model."""
+    preset = load_preset(name)
+    notes: list[str] = []
+    entry = match_target(preset, target)
+    if entry is None:
+        known = ", ".join(t["id"] for t in preset["targets"])
+        notes.append(f"target {target} is not one of the paper's ({known}); drafters must come from --drafter")
+        entry = {"id": target, "drafters": {}, "chat_template_kwargs": {}}
+    entry = {**entry, "drafters": dict(entry.get("drafters") or {})}
+    for key, value in (drafters or {}).items():
+        entry["drafters"][key] = {drafter_option(key): value, "source": "--drafter on the command line"}
+    new_tokens = max_new_tokens or preset["max_new_tokens"]
+    if new_tokens is None:
+        raise SpecbenchError(f"preset {name}: {preset.get('max_new_tokens_source', 'max new tokens not stated')}")
+    temperatures = [float(t) for t in preset["temperatures"]]
+    benches = [_bench_plan(spec, data_dir, limit) for spec in preset["benches"]]
+    runnable, skipped = _sides(preset, entry)
+    skipped += [(u["method"], u["reason"]) for u in preset.get("unavailable") or []]
+    extra: dict = {}
+    for field_name, value in (("chat_template_kwargs", entry.get("chat_template_kwargs") or {}),
+                              ("chat_template", preset.get("chat_template")),
+                              ("target_revision", target_revision or entry.get("revision"))):
+        if not value:
+            continue
+        if _supported(field_name):
+            extra[field_name] = value
+        else:
+            notes.append(f"{field_name}={value} is part of the protocol but this specbench cannot pass it yet")
+    out = Path(out_dir)
+    runs: list[RunPlan] = []
+    target_name = Path(target.rstrip("/")).name
+    all_sides: list[SidePlan] = []
+    for bench in benches:
+        if bench.unavailable or not bench.prompts:
+            continue
+        sides = [s for m in runnable for s in _side_plans(m, bench.bench, entry["id"])]
+        all_sides += [s for s in sides if s.label not in {a.label for a in all_sides}]
+        prompt_file = out / "prompts" / name / f"{bench.bench}.jsonl"
+        for temp in temperatures:
+            common = dict(target=target, dtype=dtype or preset.get("dtype", "bfloat16"), device=device,
+                          temperature=temp, max_new_tokens=new_tokens, bench=str(prompt_file), resume=resume,
+                          overwrite=overwrite, preset=name, **extra)
+            stem = f"{name}_{bench.bench}_{target_name}_T{temp:g}"
+            if sides:
+                main, *rest = sides
+                cfg = RunConfig(method=main.method, options={k: _options_text(v) for k, v in main.options.items()},
+                                label=main.label, also=[_also_spec(s) for s in rest], out=str(out / f"{stem}.jsonl"),
+                                **common)
+                runs.append(RunPlan(cfg, bench.bench, temp, sides, prompt_file))
+            for attn in preset.get("baseline_attn") or []:
+                if attn == "sdpa" and sides:
+                    continue  # the run above already holds the SDPA vanilla side
+                cfg = RunConfig(method=BASELINE, baseline="none", attn_implementation=attn,
+                                out=str(out / f"{stem}_vanilla-{attn}.jsonl"), **common)
+                runs.append(RunPlan(cfg, bench.bench, temp, [SidePlan(BASELINE, BASELINE, {}, "")], prompt_file))
+    return Plan(preset, target, entry, benches, all_sides, skipped, runs, new_tokens, temperatures, notes)
+
+
+# ------------------------------------------------------------------------------------------- dry run
+
+def _fmt_options(options: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in options.items()) or "(defaults)"
+
+
+def estimated_forwards(plan: Plan, run: RunPlan) -> list[tuple[str, int, float | None]]:
+    """(side label, upper bound on decode target forwards, expected with the paper's tau or None) per side.
+    Upper bound: every turn runs to max_new_tokens and each forward commits one token (tau = 1)."""
+    bench = next(b for b in plan.benches if b.bench == run.bench)
+    upper = bench.turns * plan.max_new_tokens
+    taus = (plan.target_entry.get("paper_tau") or {}).get(f"{run.temperature:.1f}", {})
+    rows = []
+    sides = run.sides + ([SidePlan(BASELINE, BASELINE, {}, "")] if run.cfg.baseline == BASELINE else [])
+    for side in sides:
+        tau = taus.get(side.label.split("@")[0])
+        rows.append((side.label, upper, upper / tau if tau else None))
+    return rows
+
+
+def _grouped(sides: list[SidePlan]) -> list[tuple[str, list[SidePlan]]]:
+    """Sides grouped by label before '@' (a sweep's sides share one), in order."""
+    groups: dict[str, list[SidePlan]] = {}
+    for s in sides:
+        groups.setdefault(s.label.split("@")[0], []).append(s)
+    return list(groups.items())
+
+
+def _swept_key(group: list[SidePlan]) -> str | None:
+    return group[0].label.split("@", 1)[1].split("=")[0] if len(group) > 1 and "@" in group[0].label else None
+
+
+def format_plan(plan: Plan) -> str:
+    p = plan.preset
+    lines = [f"preset {p['name']}: {p['title']}",
+             f"  paper: {p.get('paper', '')}; code: {p.get('code', '')}",
+             f"  target: {plan.target} (revision {plan.target_entry.get('revision') or 'not pinned'})",
+             f"  chat template kwargs: {plan.target_entry.get('chat_template_kwargs') or {}}"
+             + (f"; template {p['chat_template']}" if p.get("chat_template") else ""),
+             f"  max new tokens: {plan.max_new_tokens}  [{p.get('max_new_tokens_source', '')}]",
+             f"  temperatures: {', '.join(f'{t:g}' for t in plan.temperatures)}  [{p.get('temperatures_source', '')}]",
+             f"  dtype: {plan.runs[0].cfg.dtype if plan.runs else p.get('dtype')}  [{p.get('dtype_source', '')}]",
+             f"  paper metric: {p['metric']['name']}: {p['metric']['description']}  [{p['metric'].get('source', '')}]"]
+    if p.get("baseline_attn"):
+        lines.append(f"  vanilla baselines: {', '.join(p['baseline_attn'])} (the faster counts)  "
+                     f"[{p.get('baseline_attn_source', '')}]")
+    lines.append("benches:")
+    for b in plan.benches:
+        if b.unavailable:
+            lines.append(f"  {b.bench}: paper n={b.wanted}; NOT RUN: {b.unavailable}  [{b.source}]")
+            continue
+        lines.append(f"  {b.bench}: {len(b.prompts)} prompts, {b.turns} turns ({b.selection}; paper n={b.wanted})  "
+                     f"[{b.source}]")
+        lines += [f"    note: {n}" for n in b.notes]
+    lines.append("methods:")
+    for base, group in _grouped(plan.sides):
+        swept = _swept_key(group)
+        opts = {k: ("|".join(str(s.options[k]) for s in group) if k == swept else v) for k, v in group[0].options.items()}
+        name = f"{base}@{swept}=*" if swept else base
+        lines.append(f"  {name}: {group[0].method} {_fmt_options(opts)}  [{group[0].source}]")
+    for d_name, d in plan.target_entry.get("drafters", {}).items():
+        if d.get("train") and not {k for k in d if k not in _ENTRY_META}:
+            continue
+        where = next((d[k] for k in d if k not in _ENTRY_META), "")
+        lines.append(f"  drafter {d_name}: {where} @ {d.get('revision') or 'main (no revision pinned)'}  "
+                     f"[{d.get('source', '')}]")
+    for label, why in plan.skipped:
+        lines.append(f"  NOT RUN {label}: {why}")
+    lines.append(f"runs ({len(plan.runs)} results files):")
+    total_upper = total_expected = 0.0
+    for run in plan.runs:
+        attn = f" attn={run.cfg.attn_implementation}" if run.cfg.attn_implementation != "sdpa" else ""
+        lines.append(f"  {run.cfg.out}  ({run.bench}, T={run.temperature:g}{attn}, baseline {run.cfg.baseline})")
+        estimates = estimated_forwards(plan, run)
+        for label, upper, expected in estimates:
+            total_upper += upper
+            total_expected += expected if expected else upper
+        by_base: dict[str, list] = {}
+        for label, upper, expected in estimates:
+            by_base.setdefault(label.split("@")[0], []).append((upper, expected))
+        for base, rows in by_base.items():
+            upper, expected = rows[0]
+            each = f" ({len(rows)} sides, each)" if len(rows) > 1 else ""
+            guess = f", ~{expected:,.0f} at the paper's tau {upper / expected:.2f}" if expected else ""
+            lines.append(f"    {base}{each}: <= {upper:,} target decode forwards{guess}")
+    lines.append(f"estimated target decode forwards: <= {total_upper:,.0f} (upper bound: tau = 1 and no early EOS); "
+                 f"~{total_expected:,.0f} with the paper's tau where it gives one (upper bound elsewhere)")
+    lines += [f"note: {n}" for n in plan.notes]
+    if p.get("warmup_note"):
+        lines.append(f"note: {p['warmup_note']}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------- running
+
+def write_prompt_file(bench: BenchPlan, path: Path) -> None:
+    """The selected, framed prompts as a specbench JSONL prompt file (its stem names the bench)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with jsonlines.open(path, mode="w") as writer:
+        for p in bench.prompts:
+            writer.write({"id": p.id, "turns": p.turns, "reference": p.reference, "meta": p.meta})
+
+
+def execute(plan: Plan, console) -> list[Path]:
+    """Run every planned config as an ordinary `specbench run`; returns the results files."""
+    from specbench.run.runner import Runner, summary_table
+
+    written = set()
+    outs = []
+    for run in plan.runs:
+        if run.prompt_file not in written:
+            write_prompt_file(next(b for b in plan.benches if b.bench == run.bench), run.prompt_file)
+            written.add(run.prompt_file)
+        runner = Runner(run.cfg, console)
+        records = runner.run()
+        console.print(summary_table(records, run.temperature))
+        outs.append(runner.store.path)
+    return outs

@@ -1,0 +1,456 @@
+"""`specbench run`: one or more method configurations and the vanilla baseline on one benchmark
+(or a mixed stream), interleaved prompt by prompt in one process, every finished turn appended to
+a results file that a rerun resumes.
+
+Sides: the main method (or one side per value of ``--sweep key=v1,v2``, labelled ``method@key=v``)
+plus every ``--also name[@key=value...]``, plus vanilla. Each side is one drafter instance that
+lives for the whole run, so methods that learn while serving see the queries as one stream in the
+recorded order (``--passes N`` repeats it).
+
+Under ``torchrun --nproc-per-node N`` each rank runs queries i with i % N == rank (every side of
+a query on one rank, in the same alternating order), appends to its own part file, and rank 0
+merges the parts into ``--out`` (see ``specbench/merge.py``)."""
+
+from __future__ import annotations
+
+import math
+import warnings
+import zlib
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from specbench.run import distributed, machine_load
+from specbench.engine import hub, interrupt
+from specbench import metrics
+from specbench.run.benchmarks import Prompt, check_data_dir_option
+from specbench.engine.devices import choose_dtype, resolve_device
+from specbench.engine.drafter import Drafter, method_class, parse_options
+from specbench.engine.loop import GenerationConfig, generate, generate_turns
+from specbench.errors import SpecbenchError
+from specbench.run.merge import find_parts, merge_runs, part_path, read_run, write_run
+from specbench.engine.prompts import ChatFormat, render_chat
+from specbench.records import GenerationRecord
+from specbench.run.results import RunStore, config_hash, environment_metadata
+from specbench.run.streams import Query, build_queries, load_stream_prompts, stream_name
+from specbench.engine.target import _EMBEDDED as EMBEDDED, DEFAULT_TARGET, Target, check_attention, resolve_dtype
+from specbench.engine.verify import SamplingParams
+
+BASELINE = "vanilla"
+TREE_SLACK = 128  # room for a draft tree past max_new_tokens when checking the context window
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's placement strategies
+
+
+@dataclass
+class RunConfig:
+    method: str
+    bench: str
+    options: dict = field(default_factory=dict)
+    label: str | None = None
+    target: str = DEFAULT_TARGET
+    dtype: str = "bfloat16"
+    device: str = "cpu"
+    device_map: str | None = None  # "auto": accelerate spreads the target over the visible GPUs
+    attn_implementation: str = "sdpa"
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    max_new_tokens: int = 128
+    seed: int = 0
+    baseline: str = BASELINE  # "vanilla" or "none"
+    limit: int | None = None
+    sample: int | None = None
+    category: str | None = None
+    data_dir: str | None = None
+    system_prompt: str | None = None
+    on_long_prompt: str = "skip"  # or "fail"
+    out: str | None = None
+    resume: bool = False
+    overwrite: bool = False
+    warmup: bool = True
+    sweep: str | None = None  # "key=v1,v2,...": one side per value
+    also: list[str] = field(default_factory=list)  # more sides: "name" or "name@key=value@key=value"
+    passes: int = 1  # times the query stream is repeated (learning drafters keep their state)
+    preset: str | None = None  # the paper preset this run belongs to (written to the header; not in the hash)
+    target_revision: str | None = None  # hub revision of the target (or target "org/name@rev")
+    chat_template: str = "auto"  # auto | tokenizer | vicuna_v1.1 | plain (prompts.TEMPLATES)
+    chat_template_kwargs: dict = field(default_factory=dict)  # passed to apply_chat_template
+    repeats: int = 1  # times each prompt turn is generated and timed per side (the median one is reported)
+    budget: int | None = None  # drafted nodes per verify for every side with a budget option (Drafter.budget_option)
+
+    @property
+    def method_label(self) -> str:
+        return self.label or self.method
+
+    def identity(self) -> dict:
+        """What determines the records (limit/sample/out/resume do not: a resume may extend a run)."""
+        keep = ("method", "bench", "options", "target", "dtype", "device", "attn_implementation", "temperature",
+                "top_k", "top_p", "max_new_tokens", "seed", "baseline", "category", "system_prompt", "sweep", "also",
+                "passes")
+        ident = {k: v for k, v in asdict(self).items() if k in keep}
+        ident["label"] = self.method_label
+        if self.device_map:  # only when set, so hashes of earlier runs stay valid
+            ident["device_map"] = self.device_map
+        # Prompt rendering and weights revisions; only when set, so earlier runs keep their hash.
+        for key, default in (("target_revision", None), ("chat_template", "auto"), ("chat_template_kwargs", {})):
+            if getattr(self, key) != default:
+                ident[key] = getattr(self, key)
+        if self.repeats != 1:  # only then, so files written before --repeats existed keep their hash
+            ident["repeats"] = self.repeats
+        if self.budget is not None:
+            ident["budget"] = self.budget
+        return ident
+
+
+@dataclass(frozen=True)
+class Side:
+    """One method configuration in a run: its label in the records, method name and raw options."""
+
+    label: str
+    method: str
+    options: dict
+
+
+def parse_sweep(sweep: str) -> tuple[str, list[str]]:
+    key, sep, values = sweep.partition("=")
+    items = [v.strip() for v in values.split(",") if v.strip()]
+    if not sep or not key.strip() or not items:
+        raise SpecbenchError(f"--sweep expects key=v1,v2,... (got {sweep!r}), e.g. --sweep budget=16,32,64")
+    return key.strip().replace("-", "_"), items
+
+
+def parse_also(spec: str) -> Side:
+    """``name@key=value@key=value`` -> a side labelled by the whole spec; a trailing
+    ``@label=LABEL`` (everything after it, '@' included) names the side instead."""
+    label = spec
+    if "@label=" in spec:
+        spec, label = spec.split("@label=", 1)
+        if not label:
+            raise SpecbenchError(f"--also {spec}@label= needs a label after 'label='")
+    name, *pairs = spec.split("@")
+    options = {}
+    last = None
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep and last is not None and "/" in options[last]:  # path=org/name@REV: a hub revision
+            options[last] += "@" + pair.strip()
+            continue
+        last = key.strip().replace("-", "_")
+        if not sep or not key.strip():
+            raise SpecbenchError(f"--also expects name or name@key=value[@key=value...] (got {spec!r})")
+        options[key.strip().replace("-", "_")] = value.strip()
+    return Side(label, name.strip(), options)
+
+
+def run_sides(cfg: RunConfig) -> list[Side]:
+    """Every method configuration of the run, in order, without the baseline."""
+    if cfg.sweep:
+        key, values = parse_sweep(cfg.sweep)
+        sides = [Side(f"{cfg.method_label}@{key}={v}", cfg.method, {**cfg.options, key: v}) for v in values]
+    else:
+        sides = [Side(cfg.method_label, cfg.method, dict(cfg.options))]
+    sides += [parse_also(a) for a in cfg.also]
+    if cfg.budget is not None:  # a side's own setting of its budget option wins
+        sides = [Side(s.label, s.method, {**method_class(s.method).budget_options(cfg.budget), **s.options})
+                 for s in sides]
+    labels = [s.label for s in sides] + ([BASELINE] if cfg.baseline == BASELINE else [])
+    dupes = sorted({label for label in labels if labels.count(label) > 1})
+    if dupes and not (len(sides) == 1 and sides[0].method == BASELINE):
+        raise SpecbenchError(f"two sides share the label {dupes[0]!r}; give --label or drop the duplicate --also")
+    return sides
+
+
+MAX_PASSES = 1000  # a stream is materialised in memory; more passes than this is a typo
+
+
+def validate(cfg: RunConfig) -> None:
+    for name, value in (("--temperature", cfg.temperature), ("--top-p", cfg.top_p)):
+        if not math.isfinite(value):
+            raise SpecbenchError(f"{name} must be a finite number (got {value})")
+    if cfg.limit is not None and cfg.limit < 1:
+        raise SpecbenchError(f"--limit must be >= 1 (got {cfg.limit}); omit it to run every prompt")
+    if cfg.temperature < 0:
+        raise SpecbenchError(f"--temperature must be >= 0 (got {cfg.temperature}); 0 is greedy")
+    if cfg.max_new_tokens < 1:
+        raise SpecbenchError(f"--max-new-tokens must be >= 1 (got {cfg.max_new_tokens})")
+    if cfg.baseline not in (BASELINE, "none"):
+        raise SpecbenchError(f"--baseline must be 'vanilla' or 'none' (got {cfg.baseline!r})")
+    if not 1 <= cfg.passes <= MAX_PASSES:
+        raise SpecbenchError(f"--passes must be between 1 and {MAX_PASSES} (got {cfg.passes})")
+    if cfg.device_map is not None and cfg.device_map not in DEVICE_MAPS:
+        raise SpecbenchError(f"--device-map must be one of {', '.join(DEVICE_MAPS)} (got {cfg.device_map!r})")
+    if cfg.repeats < 1:
+        raise SpecbenchError(f"--repeats must be >= 1 (got {cfg.repeats})")
+    if cfg.budget is not None and cfg.budget < 1:
+        raise SpecbenchError(f"--budget must be >= 1 drafted node (got {cfg.budget})")
+    if cfg.on_long_prompt not in ("skip", "fail"):
+        raise SpecbenchError(f"--on-long-prompt must be 'skip' or 'fail' (got {cfg.on_long_prompt!r})")
+    try:
+        SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
+    except ValueError as exc:
+        raise SpecbenchError(str(exc)) from None
+    if cfg.dtype != "auto":
+        resolve_dtype(cfg.dtype)
+    check_data_dir_option(cfg.data_dir)
+    ChatFormat(cfg.chat_template, cfg.chat_template_kwargs)
+    if cfg.target not in EMBEDDED and not cfg.target.endswith(".gguf"):  # a folder or a well-formed hub id
+        hub.check_reference(cfg.target, cfg.target_revision, "target")
+    elif cfg.target_revision:
+        raise SpecbenchError(f"--target-revision applies to hub ids; {cfg.target!r} is not one")
+
+
+def weights_metadata(target: Target, sides: list[tuple[str, Drafter]]) -> dict:
+    """The files and commit sha of the target and of every side's weights (sha None: a local path)."""
+    source = target.source or hub.Resolved(target.name, Path(target.name))
+    return {"target": source.as_dict(),
+            "drafters": {label: {name: src.as_dict() for name, src in d.sources.items()} for label, d in sides}}
+
+
+def default_out(cfg: RunConfig) -> Path:
+    target = Path(cfg.target).name.replace(".gguf", "")
+    label = cfg.method_label + (f"@{parse_sweep(cfg.sweep)[0]}-sweep" if cfg.sweep else "")
+    passes = f"_x{cfg.passes}" if cfg.passes > 1 else ""
+    return Path("results") / f"{label}_{stream_name(cfg.bench)}{passes}_{target}_T{cfg.temperature:g}.jsonl"
+
+
+def record_seed(seed: int, prompt_id: str, turn: int) -> int:
+    """A per-turn seed, so each record is reproducible on its own (resumed runs included)."""
+    return (seed * 1_000_003 + zlib.crc32(f"{prompt_id}#{turn}".encode())) % (2**31)
+
+
+class Runner:
+    def __init__(self, cfg: RunConfig, console: Console | None = None) -> None:
+        validate(cfg)
+        self.load_start = machine_load.load_average()  # before anything of ours loads
+        # auto device/dtype are resolved (and bad devices refused) before anything loads; the
+        # records name the resolved values.
+        device = resolve_device(cfg.device)
+        dtype, self.dtype_reason = choose_dtype(cfg.dtype, device)
+        cfg = replace(cfg, device=device, dtype=dtype)
+        check_attention(cfg.attn_implementation, device)
+        self.cfg = cfg
+        self.console = console or Console(stderr=True)
+        # Parse every side's options before loading anything, so a typo fails in a second.
+        specs = run_sides(cfg)
+        parsed = [(spec, method_class(spec.method)) for spec in specs]
+        parsed = [(spec, cls, parse_options(cls, spec.options)) for spec, cls in parsed]
+        for _, cls, opts in parsed:  # paths exist / hub ids are well formed; downloads happen at load
+            cls.check_references(opts)
+        learners = [spec.label for spec, cls, _ in parsed if cls.learns]
+        if cfg.repeats > 1 and learners:
+            raise SpecbenchError(f"--repeats {cfg.repeats} would feed every query {cfg.repeats} times to "
+                                 f"{', '.join(learners)}, which learn while serving; time them with --repeats 1")
+        prompts = load_stream_prompts(cfg.bench, cfg.data_dir, limit=cfg.limit, sample=cfg.sample, seed=cfg.seed,
+                                      category=cfg.category)
+        self.world = distributed.init(cfg.device)
+        if self.world.active and cfg.device_map:
+            raise SpecbenchError("--device-map spreads one target over every visible GPU; run it as one process, "
+                                 "not under torchrun")
+        stream = build_queries(prompts, cfg.passes)
+        self.queries: list[Query] = distributed.shard(stream, self.world)
+        self.bench = prompts[0].bench if prompts else stream_name(cfg.bench)
+        with_baseline = cfg.baseline == BASELINE and cfg.method != BASELINE
+        meta = {**cfg.identity(), **({"preset": cfg.preset} if cfg.preset else {}), "method_options": {spec.label: asdict(opts) for spec, _, opts in parsed},
+                "config_hash": config_hash(cfg.identity()), "stream": [q.prompt.id for q in stream],
+                "stream_turns": [len(q.prompt.turns) for q in stream],
+                "sides": [spec.label for spec, _, _ in parsed] + ([BASELINE] if with_baseline else []),
+                "methods": {spec.label: cls.report_names() for spec, cls, _ in parsed}
+                | ({BASELINE: method_class(BASELINE).report_names()} if with_baseline else {}),
+                "world_size": self.world.size}
+        self.out = Path(cfg.out or default_out(cfg))
+        if self.world.active:
+            self.store = self._open_part(meta)
+        else:
+            self.store = RunStore(self.out, meta, resume=cfg.resume, overwrite=cfg.overwrite)
+        try:  # a model that fails to load leaves no results file behind
+            with distributed.main_first():  # rank 0 fills any model cache before the others read it
+                self._load(cfg, parsed, with_baseline)
+        except BaseException:
+            self.store.abandon()
+            raise
+        self.sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
+        self.skipped: list[str] = []
+        learners = [label for label, d in self.sides if d.learns]
+        if cfg.resume and self.store.done and learners:
+            warnings.warn(f"resuming {', '.join(learners)}: what they learnt before the interruption is not restored, "
+                          "so later queries start from the pre-deployment drafter; rerun with --overwrite for a clean stream")
+        if self.world.active and learners and self.world.main:
+            warnings.warn(f"{', '.join(learners)} learn while serving: under {self.world.size} processes each rank's "
+                          f"drafter sees only every {self.world.size}th query of the stream; run one process for the "
+                          "paper's single-stream setting")
+
+    def _open_part(self, meta: dict) -> RunStore:
+        """This rank's part file. Every rank checks the merged file and the parts on disk before any
+        rank writes (one barrier), so a fresh run never mistakes another rank's new part for an old
+        one; on --resume the records already in the merged file or in other parts count as done."""
+        cfg, world = self.cfg, self.world
+        mine = part_path(self.out, world.rank, world.size)
+        existing = ([self.out] if self.out.exists() and self.out.stat().st_size > 0 else []) + find_parts(self.out)
+        if existing and not (cfg.resume or cfg.overwrite):
+            raise SpecbenchError(f"{existing[0]} already exists; pass --resume to continue it, --overwrite to replace "
+                                 "it, or a new --out")
+        done = {}
+        if cfg.resume:
+            for path in existing:
+                if path != mine:
+                    done.update(RunStore.read_done(path, meta["config_hash"]))
+        distributed.barrier()
+        store = RunStore(mine, {**meta, "rank": world.rank}, resume=cfg.resume, overwrite=cfg.overwrite)
+        store.done.update(done)
+        return store
+
+    def _merge_parts(self) -> list[GenerationRecord]:
+        """Rank 0, once every rank has finished: parts (+ an earlier merged file on --resume) -> --out."""
+        ours = [part_path(self.out, r, self.world.size) for r in range(self.world.size)]
+        if self.cfg.resume:
+            sources = ours + [p for p in find_parts(self.out) if p not in ours]
+            sources += [self.out] if self.out.exists() else []
+        else:
+            sources = ours
+        meta, lines = merge_runs(sources)
+        write_run(self.out, meta, lines)
+        for path in find_parts(self.out):
+            path.unlink()
+        merged = read_run(self.out)
+        self.skipped = [o["prompt_id"] for o in merged.lines if o["type"] == "skip"]
+        return [GenerationRecord.from_dict(o) for o in merged.lines if o["type"] == "record"]
+
+    def _load(self, cfg: RunConfig, parsed: list, with_baseline: bool) -> None:
+        """Target, prompt format and every side's drafter; then the header (with their shas)."""
+        self.target = Target.load(cfg.target, cfg.dtype, distributed.rank_device(cfg.device, self.world),
+                                  cfg.attn_implementation, cfg.target_revision, device_map=cfg.device_map)
+        self.target.chat = ChatFormat(cfg.chat_template, cfg.chat_template_kwargs).resolve(
+            self.target.tokenizer, self.target.name) if self.target.tokenizer is not None else None
+        self.sides: list[tuple[str, Drafter]] = []
+        for spec, cls, opts in parsed:
+            drafter = cls(opts)
+            drafter.setup(self.target)
+            self.sides.append((spec.label, drafter))
+        if with_baseline:
+            baseline = method_class(BASELINE)()
+            baseline.setup(self.target)
+            self.sides.append((BASELINE, baseline))
+        prompt_format = self.target.chat.describe(self.target.tokenizer) if self.target.chat else None
+        env = {**environment_metadata(self.target.device), "weights": weights_metadata(self.target, self.sides),
+               "prompt_format": prompt_format, "dtype_reason": self.dtype_reason,
+               **machine_load.start_fields(self.load_start)}
+        if cfg.device_map:
+            placed = getattr(self.target.model, "hf_device_map", None) or {"": str(self.target.device)}
+            env["device_map"] = sorted({str(d) for d in placed.values()})  # the devices the target spans
+        self.store.start(env)
+
+    @property
+    def prompts(self) -> list[Prompt]:
+        return [q.prompt for q in self.queries]
+
+    # ---- one prompt ------------------------------------------------------------------------
+    def _fits(self, ids: list[int], prompt: Prompt) -> bool:
+        need = len(ids) + self.cfg.max_new_tokens + TREE_SLACK
+        if need <= self.target.max_context:
+            return True
+        msg = (f"prompt {prompt.id} needs {need} tokens (prompt {len(ids)} + --max-new-tokens + {TREE_SLACK} tree slack) "
+               f"but the target's context is {self.target.max_context}")
+        if self.cfg.on_long_prompt == "fail":
+            raise SpecbenchError(msg + "; pass --on-long-prompt skip or lower --max-new-tokens")
+        warnings.warn(msg + "; skipped")
+        return False
+
+    def _run_side(self, label: str, drafter: Drafter, query: Query) -> None:
+        prompt = query.prompt
+
+        turn = 0
+
+        def admit(ids: list[int]) -> bool:
+            if self._fits(ids, prompt):
+                return True
+            self.skipped.append(prompt.id)
+            if self.world.active:  # the merge must tell a skipped query from a missing one
+                self.store.skip(label, self.bench, prompt.id, turn, query.index)
+            return False
+
+        def config_for(k: int) -> GenerationConfig:
+            return GenerationConfig(self.cfg.max_new_tokens, self.sampling, record_seed(self.cfg.seed, prompt.id, k))
+
+        def finished(k: int) -> GenerationRecord | None:
+            nonlocal turn
+            turn = k  # generate_turns asks before it renders (and admits) turn k
+            return self.store.done.get((label, self.bench, prompt.id, k))
+
+        turns = generate_turns(self.target, drafter, prompt.turns, config_for, self.cfg.system_prompt, label,
+                               finished=finished, admit=admit, repeats=self.cfg.repeats)
+        for record in _naming_prompt(turns, prompt.id):
+            record.bench, record.prompt_id, record.query_index = self.bench, prompt.id, query.index
+            record.config_hash = self.store.meta["config_hash"]
+            record.load_avg = machine_load.load_average()
+            self.store.append(record)
+
+    def _warmup(self) -> None:
+        """One short generation per side, discarded: first calls pay for allocation and kernels."""
+        ids = render_chat(self.target.tokenizer, [{"role": "user", "content": self.prompts[0].turns[0]}],
+                          self.cfg.system_prompt, self.target.chat)
+        if len(ids) + 16 + TREE_SLACK > self.target.max_context:
+            return
+        for _, drafter in self.sides:
+            if drafter.learns:
+                continue  # a warm-up query would already change what the drafter has learnt
+            generate(self.target, drafter, ids, GenerationConfig(16, self.sampling, 0))
+
+    def run(self) -> list[GenerationRecord]:
+        if self.cfg.warmup and self.prompts:
+            self._warmup()
+        columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
+        try:
+            # Under torchrun only rank 0 draws its bar (its share of the queries).
+            with Progress(*columns, console=self.console, transient=False, disable=not self.world.main) as progress:
+                names = ", ".join(label for label, _ in self.sides if label != BASELINE)
+                share = f" (rank 0 of {self.world.size})" if self.world.active else ""
+                task = progress.add_task(f"{names} on {self.bench}{share}", total=len(self.queries))
+                for query in self.queries:
+                    # Alternate which side goes first so slow drift does not favour any.
+                    order = self.sides if query.index % 2 == 0 else self.sides[::-1]
+                    for label, drafter in order:
+                        self._run_side(label, drafter, query)
+                    progress.advance(task)
+        except interrupt.Interrupted as exc:
+            exc.kept = f"{self.store.path} ({len(self.store.done)} records)"  # the CLI's resume line names it
+            raise
+        finally:
+            self.store.close()
+        if self.world.active:
+            distributed.barrier()  # every part is complete
+            return self._merge_parts() if self.world.main else []
+        return list(self.store.done.values())
+
+
+def _naming_prompt(records, prompt_id: str):
+    """Re-raise a repeat mismatch with the prompt it happened on."""
+    try:
+        yield from records
+    except SpecbenchError as exc:
+        raise SpecbenchError(f"prompt {prompt_id}: {exc}") from None
+
+
+def summary_table(records: list[GenerationRecord], temperature: float) -> Table:
+    """τ, tokens/s, speedups, T_D% and greedy match per bench and method."""
+    table = Table(title="specbench summary", show_lines=False)
+    for col in ("bench", "method", "turns", "τ", "tok/s", "speedup", "decode-only", "T_D%", "greedy match"):
+        table.add_column(col, justify="left" if col in ("bench", "method") else "right")
+    benches = sorted({r.bench for r in records})
+    for bench in benches:
+        rows = [r for r in records if r.bench == bench]
+        base = [r for r in rows if r.method == BASELINE]
+        for method in sorted({r.method for r in rows}, key=lambda m: (m != BASELINE, m)):
+            ours = [r for r in rows if r.method == method]
+            has_base = bool(base) and method != BASELINE
+            table.add_row(
+                bench, method, str(len(ours)), f"{metrics.tau(ours):.2f}", f"{metrics.tokens_per_second(ours):.1f}",
+                f"{metrics.speedup(ours, base):.2f}×" if has_base else "—",
+                f"{metrics.speedup(ours, base, decode_only=True):.2f}×" if has_base else "—",
+                f"{100 * metrics.draft_share(ours):.0f}%",
+                f"{100 * metrics.greedy_match_rate(ours, base):.0f}%" if has_base and temperature == 0 else "—",
+            )
+    return table
