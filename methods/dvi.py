@@ -1,13 +1,13 @@
 """DVI — Draft, Verify & Improve: self-speculation with a draft head that learns while serving.
 
 The target is split at layer ``layer`` (l). The drafter runs the target's own frozen layers
-[0, l) on each token (``split_verify.forward_shallow``: their keys/values go straight into the
-target's cache, exactly what the full model would write) and reads a LoRA head off the layer-l
-state:  z_D = s * (W_0 + (alpha/r) B A) N_D(h_l),  W_0 = the frozen lm_head, N_D = the frozen
+[0, l) on each token through the target's layer hook (``Target.run_layers``: their keys/values
+go straight into the target's cache, exactly what the full model would write) and reads a LoRA head
+off the layer-l state:  z_D = s * (W_0 + (alpha/r) B A) N_D(h_l),  W_0 = the frozen lm_head, N_D = the frozen
 final RMSNorm, rank-r LoRA (A, B) and a scalar s the only trainable parameters (METHODS.md §9,
 "default = paper"). A chain of ``k`` drafts plus the last draft's shallow pass is verified by
-running only layers [l, L) on the stored states: the chain carries them (``DraftTree.shallow``)
-and the engine hands them to ``Target.verify``, which runs ``split_verify.verify_deep``. The
+running only layers [l, L) on the stored states: the target keeps the rows ``run_layers`` ran
+and its ``verify`` of exactly that chain finishes them with the remaining layers. The
 verifier is the frozen full model and decoding is lossless: greedy drafts at T = 0, drafts sampled from softmax(z_D / T) with that q at T > 0.
 
 Learning (``observe``): drafted positions up to and including the first rejection go into a
@@ -40,7 +40,7 @@ from torch import nn
 
 from specbench.engine.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
-from specbench.engine.split_verify import ShallowStates, check_split, forward_shallow
+from specbench.engine.split_verify import check_split
 from specbench.engine.target import Target, TargetOutput
 from specbench.engine.tree import DraftTree, SiblingKind
 from specbench.engine.verify import draw, logits_to_probs
@@ -251,9 +251,8 @@ class DVIDrafter(Drafter):
         o = self.options
         feed = state.bonus
         xs, bases, drafts, qs = [], [], [], []
-        shallow = ShallowStates(o.layer)  # handed to the engine on the chain, which passes it to verify
         for _ in range(o.k):
-            h = forward_shallow(self.target, shallow, [feed], state.timer)
+            h = self.target.run_layers([feed], o.layer, state.timer)
             x, base = self.head.features(h)
             with torch.no_grad():
                 logits = self.head.logits(x, base)[0]
@@ -266,11 +265,11 @@ class DVIDrafter(Drafter):
             xs.append(x)
             bases.append(base)
             drafts.append(feed)
-        forward_shallow(self.target, shallow, [feed], state.timer)  # the last draft's pass: its row yields the bonus
+        self.target.run_layers([feed], o.layer, state.timer)  # the last draft's pass: its row yields the bonus
         self.pending = (torch.cat(xs), torch.cat(bases), torch.tensor(drafts, device=self.target.device))
         if qs:
-            return DraftTree.chain(drafts, q=torch.stack(qs), kind=SiblingKind.SAMPLED_IID, shallow=shallow)
-        return DraftTree.chain(drafts, shallow=shallow)
+            return DraftTree.chain(drafts, q=torch.stack(qs), kind=SiblingKind.SAMPLED_IID)
+        return DraftTree.chain(drafts)
 
     # ---- improve ------------------------------------------------------------------------------
     def observe(self, state: DecodeState, result: VerifyResult) -> None:

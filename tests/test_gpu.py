@@ -173,16 +173,14 @@ def test_tree_mask_is_built_on_the_gpu_and_equals_the_host_mask():
 
 
 def test_split_verify_on_cuda_equals_a_full_forward():
-    from specbench.engine.split_verify import ShallowStates, forward_shallow
     from specbench.engine.tree import DraftTree
 
     target, _ = on_cuda(tiny_target(0, layers=4), VanillaDrafter())
     prompt, drafts = [3, 17, 5, 42, 8, 11], [9, 30, 2]
     target.prefill(prompt[:-1])
-    states = ShallowStates(2)
     for token in [prompt[-1]] + drafts:
-        forward_shallow(target, states, [token])
-    out = target.verify(target.compile_tree(prompt[-1], DraftTree.chain(drafts)), taps=(2, -1), shallow=states)
+        target.run_layers([token], 2)
+    out = target.verify(target.compile_tree(prompt[-1], DraftTree.chain(drafts)), taps=(2, -1))
     with torch.no_grad():
         ref = target.model(torch.tensor([prompt + drafts], device=CUDA), output_hidden_states=True)
     rows = slice(len(prompt) - 1, None)

@@ -83,7 +83,7 @@ def generate(target: Target, drafter: Drafter, prompt_ids: Sequence[int], config
         with timer.phase("compile"):
             compiled = target.compile_tree(state.bonus, tree)
         with timer.phase("verify"):
-            out = target.verify(compiled, taps=taps, timer=timer, shallow=tree.shallow)
+            out = target.verify(compiled, taps=taps, timer=timer)
             result = walk(tree, out.logits, params, gen, config.tree_rule)
         with timer.phase("commit"):
             rows = [0] + [node + 1 for node in result.accepted]

@@ -7,8 +7,9 @@ at P..P+N (ids, depth positions, mask, on the device); ``verify`` runs them and 
 ``commit(rows)`` keeps the chosen rows (row 0 = b) at P.. and drops the rest.
 
 The clock is an argument (``timer``), never an attribute: forwards are counted only where the
-engine passes its timer. Self-speculation over the first layers lives in ``split_verify``; its
-states reach ``verify`` only as the ``shallow`` argument.
+engine passes its timer. ``run_layers`` is the layer hook for self-speculative drafters (the
+target's first layers as the draft model; ``split_verify``): the rows it runs stay pending beside the
+cache until the next ``verify``, which finishes them with the remaining layers or drops them.
 """
 
 from __future__ import annotations
@@ -23,14 +24,13 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from specbench.engine import kvcache
+from specbench.engine import kvcache, split_verify
 from specbench.errors import SpecbenchError
 from specbench.engine.timing import NULL_TIMER, PhaseTimer
 from specbench.engine.tree import DraftTree, verify_visibility
 
 if TYPE_CHECKING:
     from specbench.engine.hub import Resolved
-    from specbench.engine.split_verify import ShallowStates
 
 DEFAULT_TARGET = "smollm2-135m"
 ATTENTION = ("sdpa", "eager", "flash")  # --attn choices
@@ -281,6 +281,7 @@ class Target:
     def reset(self) -> None:
         self.cache = self._cache_cls()
         self.length = 0
+        self.pending_layers: split_verify.LayerRows | None = None  # rows run_layers ran, not yet verified
 
     def cache_length(self) -> int:
         return kvcache.seq_length(self.cache)
@@ -338,25 +339,36 @@ class Target:
         positions = (self.length + visible.sum(1) - 1).unsqueeze(0)  # row r sees the root and its ancestors
         return CompiledTree(tree, root, self.length, ids, positions, self._tree_mask(visible))
 
-    def verify(self, compiled: CompiledTree, taps: Sequence[int] = (), timer: PhaseTimer = NULL_TIMER,
-               shallow: "ShallowStates | None" = None) -> TargetOutput:
+    def verify(self, compiled: CompiledTree, taps: Sequence[int] = (), timer: PhaseTimer = NULL_TIMER) -> TargetOutput:
         """ONE forward over the compiled rows [root, nodes...]; appends their keys/values.
 
-        ``shallow``: states a drafter ran through the first layers (``split_verify``), handed over
-        explicitly; if they cover exactly these rows only the remaining layers run, otherwise they
-        are discarded and the whole model runs. Without them the split path is never taken."""
+        If a drafter ran exactly these rows through the first layers (``run_layers``), only the
+        remaining layers run on their states; rows it ran otherwise are dropped and the whole model
+        runs. Either way the logits are the whole model's."""
         if compiled.past != self.length:
             raise ValueError(f"tree compiled at cache length {compiled.past}, the cache holds {self.length}")
-        if shallow is not None:
-            from specbench.engine import split_verify
-
-            if shallow.covers(compiled, taps):
-                return split_verify.verify_deep(self, compiled, shallow, taps, timer)
-            split_verify.discard(self, shallow)
+        pending, self.pending_layers = self.pending_layers, None
+        if pending is not None:
+            if pending.covers(compiled.root, compiled.tree, taps):
+                return TargetOutput(*split_verify.finish(self, pending, taps, timer))
+            split_verify.discard(self, pending)
         if self.cache_length() != self.length:
-            raise ValueError("the cache holds rows past the committed prefix: hand the shallow states that wrote "
-                             "them to verify (shallow=...)")
+            raise ValueError("the cache holds rows past the committed prefix that no run_layers call accounts for")
         return self._forward(compiled.ids, compiled.positions, compiled.mask, taps, keep_last=False, timer=timer)
+
+    # ---- the layer hook (self-speculation) ------------------------------------------------
+    def run_layers(self, token_ids: Sequence[int], upto: int, timer: PhaseTimer = NULL_TIMER) -> torch.Tensor:
+        """Hidden states of layer ``upto`` (HF ``hidden_states[upto]``, [n, H]) for tokens that follow
+        the committed prefix and the rows already run this way since the last verify: layers [0, upto)
+        run on them and write their keys/values into those layers' cache. For drafters that draft with
+        the target's own first layers; the next ``verify`` over exactly [root, these tokens[1:]...]
+        runs only layers [upto, L) on them. Timed as a drafter forward."""
+        if self.pending_layers is None:
+            self.pending_layers = split_verify.LayerRows(upto)
+        elif self.pending_layers.layer != upto:
+            raise ValueError(f"rows run to layer {self.pending_layers.layer} are pending; verify them before "
+                             f"running to layer {upto}")
+        return split_verify.run_first_layers(self, self.pending_layers, token_ids, timer)
 
     def _tree_mask(self, visible: torch.Tensor) -> torch.Tensor:
         """Additive [1, 1, q, P+q] mask: every row sees the cached prefix, and the tree columns

@@ -12,12 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
-from typing import TYPE_CHECKING
-
 import torch
-
-if TYPE_CHECKING:
-    from specbench.engine.split_verify import ShallowStates
 
 
 class SiblingKind(str, Enum):
@@ -59,8 +54,6 @@ class DraftTree:
              proposal, in target vocabulary, tempered and filtered exactly as sampled).
              Required for sampled kinds at temperature > 0.
     kind:    how siblings were chosen (one kind per tree).
-    shallow: states of [root, nodes...] a drafter already ran through the target's first layers
-             (``split_verify``); the engine hands them to ``Target.verify``. None for every other drafter.
     """
 
     tokens: torch.Tensor
@@ -69,7 +62,6 @@ class DraftTree:
     q: torch.Tensor | None = None
     kind: SiblingKind = SiblingKind.DETERMINISTIC
     meta: dict = field(default_factory=dict)
-    shallow: "ShallowStates | None" = None
 
     def __post_init__(self) -> None:
         self.tokens = torch.as_tensor(self.tokens, dtype=torch.long).reshape(-1).cpu()
@@ -90,13 +82,12 @@ class DraftTree:
         return cls(torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long))
 
     @classmethod
-    def chain(cls, tokens, q: torch.Tensor | None = None, kind: SiblingKind | None = None,
-              shallow: "ShallowStates | None" = None) -> "DraftTree":
+    def chain(cls, tokens, q: torch.Tensor | None = None, kind: SiblingKind | None = None) -> "DraftTree":
         tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
         parents = torch.arange(tokens.numel()) - 1
         if kind is None:
             kind = SiblingKind.DETERMINISTIC if q is None else SiblingKind.SAMPLED_IID
-        return cls(tokens, parents, q=q, kind=kind, shallow=shallow)
+        return cls(tokens, parents, q=q, kind=kind)
 
     # ---- derived structure --------------------------------------------------------------
     def __len__(self) -> int:
@@ -210,5 +201,4 @@ class DraftTree:
             q=None if self.q is None else self.q[idx],
             kind=self.kind,
             meta=dict(self.meta),
-            shallow=self.shallow,  # no longer covers the nodes: verify discards the shallow rows
         )
