@@ -31,25 +31,19 @@ from torch import nn
 from methods.checkpoints import check_layer_shapes, load_checked, load_ours_or_published, save_ours, shipped_drafter
 from methods.layers import (KV, DecoderLayer, LayerShapes, RMSNorm, Rotary, official_layer_shapes, repeat_kv,
                             target_layer_shapes)
+from methods.taps import check_taps, eagle3_taps
+from methods.tree_select import candidates_to_tree
 from specbench.engine.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
 from specbench.engine.target import Target, TargetOutput
 from specbench.training.batch import TrainBatch
 from specbench.training.checkpoint import CONFIG, architecture, config_value, read_weights
-from specbench.engine.tree import DraftTree, SiblingKind
+from specbench.engine.tree import DraftTree
 
 # The official loader (SafeAILab/EAGLE ea_model.py) tries pytorch_model.bin first, then model.safetensors.
 OFFICIAL_WEIGHTS = ("pytorch_model.bin", "model.safetensors")
 # Official keys we deliberately drop: the embedding is the target's; inv_freq is derived from config.
 OFFICIAL_IGNORED = ("embed_tokens.weight", "*rotary_emb.inv_freq")
-
-
-def eagle3_taps(num_layers: int) -> tuple[int, int, int]:
-    """HF ``hidden_states`` indices of the outputs of layers 1, L/2-1 and L-4 (METHODS.md §1.7)."""
-    if num_layers < 4:
-        raise SpecbenchError(f"EAGLE-3 taps layers 1, L/2-1 and L-4; the target has only {num_layers} layers "
-                             "(need >= 4)")
-    return 2, num_layers // 2, num_layers - 3
 
 
 # ---- architecture ----------------------------------------------------------------------------
@@ -272,15 +266,6 @@ class Eagle3Model(nn.Module):
                                       lambda path, raw: _load_official(cls, path, raw, target))
 
 
-def check_taps(taps: Sequence[int], target: Target, folder: str | Path) -> tuple[int, ...]:
-    """A saved drafter's taps must be the three this target's drafters read (EAGLE-3, SpecBlock)."""
-    wanted = eagle3_taps(target.num_layers)
-    if tuple(taps) != wanted:
-        raise SpecbenchError(f"drafter {folder} reads taps {list(taps)} but target {target.name!r} needs "
-                             f"{list(wanted)}; train one for this target")
-    return wanted
-
-
 def _build(cls: type[Eagle3Model], arch: Eagle3Config, taps: Sequence[int], target: Target,
            folder: str | Path, own_embedding: torch.Tensor | None = None) -> Eagle3Model:
     check_layer_shapes(arch, target, folder, "an EAGLE-3")
@@ -325,31 +310,6 @@ def _load_official(cls: type[Eagle3Model], folder: Path, raw: dict, target: Targ
     if arch.draft_vocab_size == arch.vocab_size:
         state.update(d2t=model.d2t, t2d=model.t2d)  # the identity mapping
     return load_checked(model, state, folder, "EAGLE-3", OFFICIAL_IGNORED)
-
-
-# ---- tree selection (pure) -------------------------------------------------------------------
-def select_nodes(parents: torch.Tensor, scores: torch.Tensor, budget: int) -> torch.Tensor:
-    """Indices (ascending, so still topological) of the best ``budget`` candidates by score, closed
-    under ancestors. Sorting by (-score, index) puts a parent before its children (its score is
-    >= theirs and its index smaller), so any prefix is already closed; the filter is a safeguard
-    for scores that do not fall along paths."""
-    order = torch.sort(-scores, stable=True).indices[:budget]
-    parent_of = parents.tolist()
-    kept: set[int] = set()
-    for i in order.sort().values.tolist():
-        if parent_of[i] < 0 or parent_of[i] in kept:
-            kept.add(i)
-    return torch.tensor(sorted(kept), dtype=torch.long)
-
-
-def candidates_to_tree(tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor, budget: int) -> DraftTree:
-    """Rerank recorded candidates (target-vocab ``tokens``, candidate-index ``parents``) into a tree."""
-    keep = select_nodes(parents, scores, budget)
-    parent_of = parents.tolist()
-    new_index = {-1: -1} | {old: new for new, old in enumerate(keep.tolist())}
-    new_parents = [new_index[parent_of[i]] for i in keep.tolist()]
-    return DraftTree(tokens[keep], torch.tensor(new_parents, dtype=torch.long), scores=scores[keep],
-                     kind=SiblingKind.DETERMINISTIC).dedup()
 
 
 # ---- the drafter -----------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from methods.eagle3 import select_nodes
+from methods.tree_select import select_nodes
 from methods.checkpoints import shipped_drafter
 from methods.specblock_checkpoint import load_specblock
 from methods.specblock_model import NUM_BUCKETS, KV, SpecBlockModel, rank_to_bucket

@@ -61,7 +61,7 @@ class SpecBlockTrainer(MethodTrainer):
             raise SpecbenchError(f"unknown SpecBlock variant {o.variant!r}; choose from {', '.join(known)}")
 
     def train(self, o: SpecBlockTrainOptions) -> dict:
-        from methods.eagle3 import eagle3_taps
+        from methods.taps import eagle3_taps
         from methods.specblock_checkpoint import save_specblock
         from methods.specblock_model import SpecBlockConfig, SpecBlockModel
         from methods.specblock_train import LossSettings, SpecBlockLoss

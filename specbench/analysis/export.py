@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from specbench.errors import SpecbenchError
+from specbench.engine import VANILLA as BASELINE
 from specbench.records import GenerationRecord
 
 FORMATS = ("spec-bench",)
-BASELINE = "vanilla"
 
 
 def question_id(prompt_id: str):

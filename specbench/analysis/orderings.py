@@ -26,9 +26,9 @@ from specbench import metrics
 from specbench.analysis import paired
 from specbench.errors import SpecbenchError
 from specbench.run.plugin_files import declared_paths
+from specbench.engine import VANILLA
 from specbench.records import GenerationRecord
 
-VANILLA = "vanilla"
 ALL = "all"
 
 

@@ -3,6 +3,7 @@ same engine, cache code and clock as every method, so speedups compare like with
 
 from __future__ import annotations
 
+from specbench.engine import VANILLA
 from specbench.engine.drafter import DecodeState, Drafter
 from specbench.engine.tree import DraftTree
 
@@ -10,7 +11,9 @@ _EMPTY = DraftTree.empty()
 
 
 class VanillaDrafter(Drafter):
-    name = "vanilla"
+    """The engine's own baseline (registered as a method too, so a run may name it)."""
+
+    name = VANILLA
     label = "Vanilla"
 
     def propose(self, state: DecodeState) -> DraftTree:

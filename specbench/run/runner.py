@@ -37,9 +37,9 @@ from specbench.records import GenerationRecord
 from specbench.run.results import RunStore, config_hash, environment_metadata
 from specbench.run.streams import Query, build_queries, load_stream_prompts, stream_name
 from specbench.engine.target import _EMBEDDED as EMBEDDED, DEFAULT_TARGET, Target, check_attention, resolve_dtype
+from specbench.engine import VANILLA as BASELINE
 from specbench.engine.verify import SamplingParams
 
-BASELINE = "vanilla"
 TREE_SLACK = 128  # room for a draft tree past max_new_tokens when checking the context window
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's placement strategies
 
