@@ -214,6 +214,7 @@ def test_limit_and_sample_must_be_positive():
         load_benchmark("alpaca", DATA, sample=-1)
 
 
+@needs_data
 def test_unknown_category_lists_valid():
     with pytest.raises(SpecbenchError, match="valid: de-en, zh-en"):
         load_benchmark("wmt23", DATA, category="fr-en")
