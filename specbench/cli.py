@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from specbench.engine import interrupt
+from specbench.console import console, err
 from specbench.errors import SpecbenchError
 from specbench.training.cli import train_app
 
@@ -25,9 +25,6 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 list_app = typer.Typer(no_args_is_help=True, help="List methods, benchmarks or models.")
 app.add_typer(list_app, name="list")
 app.add_typer(train_app, name="train")
-# Tables stay readable when piped (rich assumes 80 columns off a terminal).
-console = Console(width=None if sys.stdout.isatty() else 140)
-err = Console(stderr=True)
 
 
 def _read_config(config: Path) -> dict:

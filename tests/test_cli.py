@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from specbench.cli import main
+from bench_data import needs_data
 from conftest import save_tiny
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,6 +63,7 @@ def test_run_writes_header_and_interleaved_records(models, tmp_path, capsys):
         assert pair["sps"] == pair["vanilla"]
 
 
+@needs_data
 def test_mt_bench_second_turn_is_recorded(models, tmp_path, capsys):
     out = tmp_path / "mt.jsonl"
     args = base_args(models, out)

@@ -12,6 +12,7 @@ import pytest
 from specbench import metrics
 from specbench.analysis.export import answer_rows
 from specbench.records import GenerationRecord
+from bench_data import needs_data
 from test_cli import cli
 
 # hemingkx/Spec-Bench evaluation/eval.py: the answer row and its choice.
@@ -73,6 +74,7 @@ def test_answer_rows_follow_spec_bench_schema():
     assert base[0]["category"] == "spec_bench"  # no category known: the bench name
 
 
+@needs_data
 def test_export_cli_and_speed_py_agree_with_our_metrics(models, tmp_path, capsys):
     results = tmp_path / "run.jsonl"
     write_results(results, models["target"])
@@ -104,6 +106,7 @@ def test_export_bad_input_is_one_line(tmp_path, capsys):
     assert code == 2 and "cannot load the tokenizer" in err and not (tmp_path / "run_spec-bench").exists()
 
 
+@needs_data
 def test_spec_bench_bench_and_its_categories():
     from specbench.run.benchmarks import load_benchmark
 

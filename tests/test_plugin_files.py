@@ -12,6 +12,7 @@ from specbench.errors import SpecbenchError
 from specbench.analysis.orderings import Claim, load_claims, read_claims
 from specbench.run.plugin_files import declared_paths
 from specbench.run.preset import build_plan, drafter_option, preset_names
+from bench_data import needs_data
 from test_cli import cli
 
 TOY_PRESET = """\
@@ -56,6 +57,7 @@ def install(root, name: str, groups: dict[str, dict[str, str]], files: dict[str,
     monkeypatch.syspath_prepend(str(root))
 
 
+@needs_data
 def test_a_package_outside_the_tree_ships_presets_and_claims(tmp_path, monkeypatch, capsys):
     init = ("from pathlib import Path\nPRESETS = Path(__file__).parent / 'presets'\n"
             "CLAIMS = Path(__file__).parent / 'claims.yaml'\n")
@@ -83,6 +85,7 @@ def test_drafter_option_is_the_weights_option_the_method_adds():
     assert drafter_option("vanilla") == "path" and drafter_option("no-such-method") == "path"
 
 
+@needs_data
 def test_the_shipped_presets_and_claims_are_found():
     assert {"specblock-table1", "ddtree-table1", "pacer-table1", "dvi-table2"} <= set(preset_names())
     claims = load_claims()

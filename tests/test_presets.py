@@ -14,11 +14,13 @@ from specbench.run.benchmarks import Prompt
 from specbench.records import GenerationRecord
 from specbench.analysis.report import ResultFile, paper_metric_cells, paper_metric_table, render_markdown
 from specbench.run.runner import parse_also, run_sides
+from bench_data import needs_data
 from test_cli import cli
 
 
 # ------------------------------------------------------------------------------------------ dry runs
 
+@needs_data
 def test_specblock_table1_dry_run_prints_the_papers_settings(capsys, tmp_path):
     code, out, _ = cli(["reproduce", "specblock-table1", "--target", "meta-llama/Llama-3.1-8B-Instruct", "--dry-run",
                         "--out-dir", str(tmp_path / "r")], capsys)
@@ -39,6 +41,7 @@ def test_specblock_table1_dry_run_prints_the_papers_settings(capsys, tmp_path):
     assert not (tmp_path / "r").exists()  # a dry run writes nothing
 
 
+@needs_data
 def test_ddtree_table1_dry_run_prints_the_papers_settings(capsys, tmp_path):
     code, out, _ = cli(["run", "--preset", "ddtree-table1", "--target", "Qwen/Qwen3-8B", "--dry-run",
                         "--out", str(tmp_path / "r")], capsys)
@@ -88,6 +91,7 @@ def test_every_preset_cites_its_settings():
 
 # ------------------------------------------------------------------------------------------ plan -> RunConfigs
 
+@needs_data
 def test_plan_expands_into_run_configs(tmp_path):
     plan = build_plan("specblock-table1", "Qwen/Qwen3-8B", limit=3, out_dir=tmp_path)
     assert len(plan.runs) == 12
@@ -106,6 +110,7 @@ def test_plan_expands_into_run_configs(tmp_path):
     assert len(next(b for b in plan.benches if b.bench == "mt_bench").prompts) == 3  # --limit after selection
 
 
+@needs_data
 def test_plan_sweeps_and_flash_attention_baselines(tmp_path):
     plan = build_plan("ddtree-table1", "/models/Qwen3-8B", out_dir=tmp_path, drafters={"dflash": "/drafters/dflash"})
     mains = [r for r in plan.runs if r.cfg.method == "ddtree"]
@@ -118,6 +123,7 @@ def test_plan_sweeps_and_flash_attention_baselines(tmp_path):
     assert parse_also(mains[0].cfg.also[-1]).options == {"path": "/drafters/dflash"}
 
 
+@needs_data
 def test_pacer_overrides_per_target_and_bench(tmp_path):
     plan = build_plan("pacer-table1", "meta-llama/Llama-2-70b-chat-hf", out_dir=tmp_path, max_new_tokens=64,
                       drafters={"pacer": "/runs/pacer"})
@@ -138,6 +144,7 @@ def test_shuffle_selection_matches_hf_datasets():
     assert select_prompts(prompts[:80], {"bench": "b", "n": 128, "select": "shuffle"})[0] == prompts[:80]
 
 
+@needs_data
 def test_framing_follows_the_papers(tmp_path):
     ddtree = build_plan("ddtree-table1", "Qwen/Qwen3-8B", out_dir=tmp_path, limit=2)
     math = next(b for b in ddtree.benches if b.bench == "math500").prompts[0].turns[0]
@@ -154,6 +161,7 @@ def test_framing_follows_the_papers(tmp_path):
 
 # ------------------------------------------------------------------------------------------ a real tiny run
 
+@needs_data
 def test_reproduce_runs_the_plan_on_a_tiny_target(models, tmp_path, capsys):
     out = tmp_path / "r"
     code, stdout, err = cli(["reproduce", "dvi-table2", "--target", models["deep"], "--limit", "1", "--max-new-tokens",

@@ -9,6 +9,7 @@ import pytest
 from specbench.errors import SpecbenchError
 from specbench.run.runner import RunConfig, parse_also, parse_sweep, run_sides
 from specbench.run.streams import MIXED_PARTS, build_queries, load_stream_prompts
+from bench_data import needs_data
 from test_cli import base_args, cli, read
 
 
@@ -39,6 +40,7 @@ def test_bad_also_and_duplicate_labels_are_refused():
         run_sides(RunConfig(method="sps", bench="humaneval", also=["sps"]))
 
 
+@needs_data
 def test_mixed_stream_interleaves_equal_parts_round_robin():
     prompts = load_stream_prompts("mixed", limit=2)
     assert len(prompts) == 2 * len(MIXED_PARTS)
