@@ -1,0 +1,132 @@
+"""Parity of our drafter forwards with the authors' own code (`pytest -m parity`).
+
+For every reference package that installs (`pip install -e '.[parity]'`), a tiny random drafter is
+built with the authors' classes, saved with their save code, loaded BY PATH through our loaders,
+and both sides get identical inputs from one tiny random Llama target: logits must agree to
+1e-4 (fp32) and the drafted tokens must be the same. Each comparison has a negative control (one
+perturbed weight, or one wrong tap index) that must fail the same check, so a comparison that
+compares nothing cannot pass. A package that is not installed skips its tests with the reason.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from parity_refs import (TOL, assert_parity, perturb_saved_weight, require_reference, target_hidden_states,
+                         tiny_parity_target)
+
+pytestmark = pytest.mark.parity
+
+
+# ---- DFlash: z-lab's own package (dflash.model) ---------------------------------------------------
+BLOCK = 4
+MASK_ID = 63  # the last id of the tiny target's 64-token vocabulary
+
+
+def _zlab_dflash(target, layer_types=None, seed: int = 1, dflash2: bool = False):
+    """z-lab's DFlashDraftModel (or DFlash2DraftModel) on a Qwen3Config as their published configs read."""
+    require_reference("dflash")
+    from transformers import Qwen3Config
+
+    from dflash.model import DFlash2DraftModel, DFlashDraftModel
+
+    extra = {"target_layer_ids": [1, 2], "mask_token_id": MASK_ID}
+    if dflash2:
+        extra.update(conv_kernel_size=3, conv_group_size=8, selector_rank=4, selector_top_k=4)
+    kwargs = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6, max_position_embeddings=512,
+                  initializer_range=0.2, num_target_layers=target.num_layers, block_size=BLOCK,
+                  dflash_config=extra, tie_word_embeddings=False)
+    if layer_types is not None:
+        kwargs.update(layer_types=layer_types, use_sliding_window=True, sliding_window=3, max_window_layers=0)
+    config = Qwen3Config(**kwargs)
+    config.architectures = ["DFlash2DraftModel" if dflash2 else "DFlashDraftModel"]
+    torch.manual_seed(seed)
+    model = (DFlash2DraftModel if dflash2 else DFlashDraftModel)(config).float().eval()
+    with torch.no_grad():  # random norms too, so a norm read from the wrong key shows
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+    return model
+
+
+def _zlab_block_logits(model, target, prompt: torch.Tensor, bonus: int) -> torch.Tensor:
+    """One drafting step exactly as z-lab's dflash_generate runs it: context features of the prompt
+    (extract_context_feature), the block [bonus, MASK...] embedded by the target, the draft model
+    over a fresh cache, compute_logits with the target's output head -> [L-1, V]."""
+    from dflash.model import _draft_value, _make_cache, _output_head, _raw_input_embeddings, extract_context_feature
+
+    hidden = target_hidden_states(target, prompt)
+    n = prompt.shape[1]
+    context = extract_context_feature(hidden, model.target_layer_ids)
+    block = torch.full((1, BLOCK), MASK_ID, dtype=torch.long)
+    block[0, 0] = bonus
+    scale = float(_draft_value(model.config, "input_embedding_scale", 1.0))
+    with torch.inference_mode():
+        draft_hidden = model(target_hidden=context, noise_embedding=_raw_input_embeddings(target.model, block, scale),
+                             position_ids=torch.arange(n + BLOCK)[None], past_key_values=_make_cache(model.config),
+                             use_cache=True)[:, 1 - BLOCK:, :]
+        return model.compute_logits(draft_hidden, _output_head(target.model))[0].float()
+
+
+def _our_block_logits(folder: Path, target, prompt: torch.Tensor, bonus: int, tap_shift: int = 0) -> torch.Tensor:
+    """Our DFlashModel loaded by path, the same step through our cache path (context_kv + forward)."""
+    from methods.dflash import DFlashModel
+
+    model = DFlashModel.load(folder, target).float().eval()
+    hidden = target_hidden_states(target, prompt)
+    taps = {i: hidden[i - tap_shift][0] for i in model.taps}
+    n = prompt.shape[1]
+    block = torch.full((1, BLOCK), MASK_ID, dtype=torch.long)
+    block[0, 0] = bonus
+    with torch.inference_mode():
+        kv = model.context_kv(model.context(model.features(taps)[None]), torch.arange(n)[None])
+        out = model(block, torch.arange(n, n + BLOCK)[None], kv)
+        return model.logits(out[0, 1:]).float()
+
+
+@pytest.mark.parametrize("layer_types", [None, ["full_attention", "sliding_attention"]],
+                         ids=["full", "sliding"])
+def test_dflash_matches_zlab_draft_model(tmp_path, layer_types):
+    target = tiny_parity_target()
+    theirs = _zlab_dflash(target, layer_types)
+    theirs.save_pretrained(tmp_path / "zlab")
+    prompt = torch.randint(0, 60, (1, 11), generator=torch.Generator().manual_seed(3))
+    ref = _zlab_block_logits(theirs, target, prompt, bonus=5)
+    ours = _our_block_logits(tmp_path / "zlab", target, prompt, bonus=5)
+    assert_parity(ours, ref)
+    # Negative controls: one perturbed weight in their file, and one wrong tap index, must both fail.
+    perturb_saved_weight(tmp_path / "zlab", "layers.0.self_attn.k_proj.weight")
+    with pytest.raises(AssertionError):
+        assert_parity(_our_block_logits(tmp_path / "zlab", target, prompt, bonus=5), ref)
+
+
+def test_dflash_wrong_tap_fails_zlab_parity(tmp_path):
+    target = tiny_parity_target()
+    theirs = _zlab_dflash(target)
+    theirs.save_pretrained(tmp_path / "zlab")
+    prompt = torch.randint(0, 60, (1, 9), generator=torch.Generator().manual_seed(4))
+    ref = _zlab_block_logits(theirs, target, prompt, bonus=7)
+    assert_parity(_our_block_logits(tmp_path / "zlab", target, prompt, bonus=7), ref)
+    with pytest.raises(AssertionError):  # hidden_states[l] instead of [l + 1]: the off-by-one a loader could make
+        assert_parity(_our_block_logits(tmp_path / "zlab", target, prompt, bonus=7, tap_shift=1), ref)
+
+
+def test_dflash2_from_zlab_is_refused_in_one_line(tmp_path):
+    """DFlash-2 (z-lab's DFlash2DraftModel) is not run by specbench: its saved folder is refused in one
+    line naming what is missing, never loaded as a plain DFlash drafter."""
+    from methods.dflash import DFlashModel
+    from specbench.errors import SpecbenchError
+
+    target = tiny_parity_target()
+    theirs = _zlab_dflash(target, dflash2=True)
+    theirs.save_pretrained(tmp_path / "zlab2")
+    with pytest.raises(SpecbenchError) as err:
+        DFlashModel.load(tmp_path / "zlab2", target)
+    line = str(err.value)
+    assert "\n" not in line and "DFlash-2" in line and "selector" in line
