@@ -29,13 +29,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from methods.checkpoints import check_layer_shapes, load_checked, load_ours_or_published, save_ours, shipped_drafter
+from methods.checkpoints import read_published_weights  # whole or sharded weights
 from methods.layers import (KV, DecoderLayer, LayerShapes, RMSNorm, Rotary, official_layer_shapes, repeat_kv,
                             target_layer_shapes)
 from specbench.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
+from specbench.options import option
 from specbench.target import Target, TargetOutput
 from specbench.training.batch import TrainBatch
-from specbench.training.checkpoint import CONFIG, architecture, config_value, read_weights
+from specbench.training.checkpoint import CONFIG, architecture, config_value
 from specbench.tree import DraftTree, SiblingKind
 
 # The official loader (SafeAILab/EAGLE ea_model.py) tries pytorch_model.bin first, then model.safetensors.
@@ -306,7 +308,7 @@ def _load_official(cls: type[Eagle3Model], folder: Path, raw: dict, target: Targ
         raise SpecbenchError(f"drafter {folder} fuses taps of hidden size {arch.tap_size} but target {target.name!r} "
                              f"has {target.hidden_size}; use an EAGLE-3 drafter trained for this target")
     taps = official_taps(raw, target, folder)
-    state = read_weights(folder, OFFICIAL_WEIGHTS, "EAGLE-3")
+    state = read_published_weights(folder, OFFICIAL_WEIGHTS, "EAGLE-3")
     own = None
     if arch.hidden_size != target.hidden_size:
         # Narrower/wider than the target: the official loader takes this drafter's embedding from its checkpoint.
@@ -355,11 +357,13 @@ def candidates_to_tree(tokens: torch.Tensor, parents: torch.Tensor, scores: torc
 # ---- the drafter -----------------------------------------------------------------------------
 @dataclass
 class Eagle3Options:
-    path: str = ""  # drafter folder or hub id org/name[@rev] (ours or official EAGLE-3); empty = drafters/<target>/eagle3
-    revision: str = ""  # hub revision of path (branch, tag or commit); empty = main
-    top_k: int = 10  # frontier width and children per frontier node
-    depth: int = 7  # tree-growing forwards after the first (tree depth <= depth + 1)
-    total_tokens: int = 60  # verify rows incl. the root: at most total_tokens - 1 draft nodes
+    path: str = option("", "Drafter folder or hub id org/name[@rev] (ours or official EAGLE-3); "
+                           "empty = drafters/<target>/eagle3.")
+    revision: str = option("", "Hub revision of path (branch, tag or commit); empty = main.")
+    top_k: int = option(10, "Frontier width and children per frontier node.", ge=1)
+    depth: int = option(7, "Tree-growing forwards after the first (tree depth <= depth + 1).", ge=1, tokens=True)
+    total_tokens: int = option(60, "Verify rows incl. the root: at most total_tokens - 1 draft nodes.", ge=2,
+                               tokens=True)
 
 
 @dataclass
@@ -384,10 +388,6 @@ class Eagle3Drafter(Drafter):
 
     def __init__(self, options: Eagle3Options | None = None, model: Eagle3Model | None = None) -> None:
         super().__init__(options)
-        o = self.options
-        if o.top_k < 1 or o.depth < 1 or o.total_tokens < 2:
-            raise SpecbenchError(f"eagle3: need top_k >= 1, depth >= 1, total_tokens >= 2 "
-                                 f"(got {o.top_k}, {o.depth}, {o.total_tokens})")
         self.model = model
 
     def setup(self, target: Target) -> None:
