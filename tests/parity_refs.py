@@ -45,7 +45,7 @@ def target_hidden_states(target, ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
 def assert_parity(ours: torch.Tensor, ref: torch.Tensor, tol: float = TOL) -> None:
     """Same shape, max |Δlogit| <= tol, and the same argmax draft tokens."""
     assert ours.shape == ref.shape, f"shapes differ: ours {tuple(ours.shape)}, reference {tuple(ref.shape)}"
-    delta = float((ours.float() - ref.float()).abs().max())
+    delta = float((ours.detach().float() - ref.detach().float()).abs().max())
     assert delta <= tol, f"max |Δlogit| = {delta:.3g} > {tol:g}"
     assert torch.equal(ours.argmax(-1), ref.argmax(-1)), "draft tokens (argmax) differ"
 
@@ -65,3 +65,18 @@ def perturb_saved_weight(folder: Path, key: str, file: str = "model.safetensors"
         state[key] = state[key].clone()
         state[key].view(-1)[0] += 0.5
         torch.save(state, path)
+
+
+def save_tiny_tokenizer(folder: Path, vocab: int = 64) -> Path:
+    """A word-level tokenizer of ``vocab`` tokens (t0..t{vocab-1}) saved as HF files: for reference
+    code that loads its target's tokenizer by path (medusa-llm's MedusaModel)."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+    from transformers import PreTrainedTokenizerFast
+
+    words = {f"t{i}": i for i in range(vocab)}
+    raw = Tokenizer(WordLevel(words, unk_token="t0"))
+    raw.pre_tokenizer = WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="t0").save_pretrained(folder)
+    return Path(folder)

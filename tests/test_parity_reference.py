@@ -130,3 +130,72 @@ def test_dflash2_from_zlab_is_refused_in_one_line(tmp_path):
         DFlashModel.load(tmp_path / "zlab2", target)
     line = str(err.value)
     assert "\n" not in line and "DFlash-2" in line and "selector" in line
+
+
+# ---- Medusa: FasterDecoding's medusa-llm (medusa.model.medusa_model) ----------------------------
+MEDUSA_TOPK = [3, 2, 2]  # medusa-llm's dense tree: top-3 of head 1, top-2 of heads 2 and 3
+
+
+def _medusa_llm_heads(target, folder: Path, seed: int = 2):
+    """medusa-llm's MedusaModel heads on our tiny target, random as if trained, saved as its train.py
+    saves them: MedusaConfig.save_pretrained + torch.save(medusa_head.state_dict(), medusa_lm_head.pt)."""
+    require_reference("medusa")
+    from medusa.model.medusa_model import MedusaConfig, MedusaModel
+
+    from parity_refs import save_tiny_tokenizer
+
+    base = save_tiny_tokenizer(folder / "base")
+    model = MedusaModel(target.model, medusa_num_heads=len(MEDUSA_TOPK), medusa_num_layers=1,
+                        base_model_name_or_path=str(base))
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in model.medusa_head.parameters():
+            p.normal_(0, 0.3)
+    heads = folder / "medusa"
+    MedusaConfig(medusa_num_heads=len(MEDUSA_TOPK), medusa_num_layers=1,
+                 base_model_name_or_path=str(base)).save_pretrained(heads)
+    torch.save(model.medusa_head.state_dict(), heads / "medusa_lm_head.pt")
+    return model, heads
+
+
+def _dense_tree_paths(topk: list[int]) -> list[list[int]]:
+    """medusa-llm's cartesian tree as rank paths: every (i_1..i_d) with i_j < topk[j-1]."""
+    paths, level = [], [[]]
+    for k in topk:
+        level = [p + [i] for p in level for i in range(k)]
+        paths += level
+    return paths
+
+
+def _our_medusa(folder: Path, target, prompt: torch.Tensor):
+    """Our heads loaded by path: logits [K, n, V] on the target's final hidden states, and the draft
+    tree (tokens in our topological order) that our drafter builds from the last row."""
+    from methods.medusa import TreeSkeleton, load_medusa, resolve_choices
+
+    heads = load_medusa(folder, target).float().eval()
+    h = target_hidden_states(target, prompt)[-1][0]
+    with torch.inference_mode():
+        logits = heads(h).float()
+        last = logits[:, -1]
+        top = torch.topk(last, max(MEDUSA_TOPK), dim=-1)
+        skeleton = TreeSkeleton.build(resolve_choices(_dense_tree_paths(MEDUSA_TOPK)), heads.num_heads,
+                                      max(MEDUSA_TOPK))
+        tree = skeleton.tree(top.indices, top.values - torch.logsumexp(last, -1, keepdim=True))
+    return logits, tree.tokens
+
+
+def test_medusa_matches_medusa_llm_heads(tmp_path):
+    from medusa.model.utils import generate_candidates, generate_medusa_buffers
+
+    target = tiny_parity_target()
+    theirs, folder = _medusa_llm_heads(target, tmp_path)
+    prompt = torch.randint(0, 60, (1, 10), generator=torch.Generator().manual_seed(5))
+    ref_logits, _, orig = theirs(prompt, output_orig=True)  # [K, 1, n, V]: their forward on the base model
+    buffers = generate_medusa_buffers([1] + MEDUSA_TOPK, device="cpu")
+    _, tree_candidates = generate_candidates(ref_logits[:, :, -1:], orig, MEDUSA_TOPK, buffers["tree_indices"], 0.0)
+    ours, tokens = _our_medusa(folder, target, prompt)
+    assert_parity(ours, ref_logits[:, 0].float())
+    assert tokens.tolist() == tree_candidates[0, 1:].tolist()  # the same draft tree, node for node
+    perturb_saved_weight(folder, "1.0.linear.weight", file="medusa_lm_head.pt")
+    with pytest.raises(AssertionError):
+        assert_parity(_our_medusa(folder, target, prompt)[0], ref_logits[:, 0].float())
