@@ -32,6 +32,7 @@ from methods.checkpoints import check_layer_shapes, load_checked, load_ours_or_p
 from methods.checkpoints import read_published_weights  # whole or sharded weights
 from methods.layers import (KV, DecoderLayer, LayerShapes, RMSNorm, Rotary, official_layer_shapes, repeat_kv,
                             target_layer_shapes)
+from methods.speculators_layout import is_speculators, speculators_eagle3, speculators_keys
 from specbench.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
 from specbench.options import option
@@ -303,12 +304,17 @@ def official_taps(raw: dict, target: Target, folder: Path) -> tuple[int, ...]:
 
 
 def _load_official(cls: type[Eagle3Model], folder: Path, raw: dict, target: Target) -> Eagle3Model:
+    speculators = is_speculators(raw)  # vLLM speculators' layout: translated to the flat one here
+    if speculators:
+        raw, speculators_taps = speculators_eagle3(raw, folder, target.num_layers)
     arch = Eagle3Config.from_official(raw, str(folder / CONFIG))
     if arch.tap_size != target.hidden_size:
         raise SpecbenchError(f"drafter {folder} fuses taps of hidden size {arch.tap_size} but target {target.name!r} "
                              f"has {target.hidden_size}; use an EAGLE-3 drafter trained for this target")
-    taps = official_taps(raw, target, folder)
+    taps = (speculators_taps or eagle3_taps(target.num_layers)) if speculators else official_taps(raw, target, folder)
     state = read_published_weights(folder, OFFICIAL_WEIGHTS, "EAGLE-3")
+    if speculators:
+        state = speculators_keys(state)
     own = None
     if arch.hidden_size != target.hidden_size:
         # Narrower/wider than the target: the official loader takes this drafter's embedding from its checkpoint.

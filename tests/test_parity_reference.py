@@ -199,3 +199,100 @@ def test_medusa_matches_medusa_llm_heads(tmp_path):
     perturb_saved_weight(folder, "1.0.linear.weight", file="medusa_lm_head.pt")
     with pytest.raises(AssertionError):
         assert_parity(_our_medusa(folder, target, prompt)[0], ref_logits[:, 0].float())
+
+
+# ---- EAGLE-3: vLLM's speculators (speculators.models.eagle3) ------------------------------------
+TTT_STEPS = 3  # drafting steps compared: step 0 reads the target's taps, later steps the drafter's own output
+AUX_IDS = [1, 2, 3]  # speculators' ids: HF hidden_states indices (vLLM collects the input of layer i)
+DRAFT_VOCAB = 48
+
+
+def _speculators_eagle3(target, folder: Path, fc_norm: bool = False):
+    """speculators' Eagle3DraftModel built as its trainer builds it (from_training_args on the saved
+    verifier: vocab mappings from a token distribution, the verifier's embedding and lm_head rows),
+    random like a trained drafter, saved with save_pretrained."""
+    require_reference("speculators")
+    from speculators.models.eagle3 import Eagle3DraftModel
+    from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
+
+    verifier = folder / "verifier"
+    target.model.save_pretrained(verifier)
+    layer = target.model.config.__class__.from_dict(target.model.config.to_dict())
+    layer.num_hidden_layers = 1
+    freq = {t: int(c) for t, c in enumerate(torch.randint(1, 100, (64,), generator=torch.Generator().manual_seed(6)))}
+    d2t, t2d = build_vocab_mappings_from_distribution(freq, DRAFT_VOCAB, 64)
+    torch.manual_seed(7)
+    model = Eagle3DraftModel.from_training_args(layer, t2d=t2d, d2t=d2t, verifier_name_or_path=str(verifier),
+                                                draft_vocab_size=DRAFT_VOCAB, norm_before_residual=False,
+                                                fc_norm=fc_norm, ttt_steps=TTT_STEPS, target_layer_ids=AUX_IDS,
+                                                draft_attn_impl="sdpa").float().eval()
+    with torch.no_grad():  # non-trivial norms, as after training
+        for name, p in model.named_parameters():
+            if "norm" in name and not name.startswith("verifier"):
+                p.uniform_(0.5, 1.5)
+    model.save_pretrained(folder / "speculators")
+    return model, folder / "speculators"
+
+
+def _speculators_logits(model, target, ids: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Their forward (ttt_steps drafting steps): logits of every step, read from their lm_head, and
+    their draft tokens. Their step 0 pairs the taps of position j with token j+1."""
+    hidden = target_hidden_states(target, ids)
+    taps = torch.cat([hidden[i] for i in AUX_IDS], -1)
+    shifted = torch.cat([ids[:, 1:], ids.new_zeros(1, 1)], 1)
+    seen: list[torch.Tensor] = []
+    hook = model.lm_head.register_forward_hook(lambda mod, args, out: seen.append(out.detach()))
+    try:
+        with torch.no_grad():
+            drafts = model(taps, shifted, torch.zeros_like(ids), position_ids=torch.arange(ids.shape[1])[None],
+                           ttt_steps=TTT_STEPS)
+    finally:
+        hook.remove()
+    return torch.stack([s[0] for s in seen]).float(), drafts
+
+
+def _our_eagle3_logits(folder: Path, target, ids: torch.Tensor, tap_shift: int = 0):
+    """Our Eagle3Model loaded by path, the same steps through its training-time-test unroll (the
+    recurrence its tree decode runs): logits [steps, n, draft V] and the draft model itself."""
+    from methods.eagle3 import Eagle3Model
+
+    model = Eagle3Model.load(folder, target).float().eval()
+    hidden = target_hidden_states(target, ids)
+    features = model.features({i: hidden[i - tap_shift] for i in model.taps})
+    with torch.no_grad():
+        steps = [model.logits(h) for h in model.unroll(ids, features, TTT_STEPS)]
+    return torch.stack([s[0] for s in steps]).float(), model
+
+
+@pytest.mark.parametrize("fc_norm", [False, True], ids=["plain", "fc_norm"])
+def test_eagle3_matches_speculators_draft_model(tmp_path, fc_norm):
+    target = tiny_parity_target()
+    theirs, folder = _speculators_eagle3(target, tmp_path, fc_norm)
+    ids = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(8))
+    ref, drafts = _speculators_logits(theirs, target, ids)
+    ours, model = _our_eagle3_logits(folder, target, ids)
+    assert model.taps == tuple(AUX_IDS)
+    assert_parity(ours, ref)
+    # Their draft tokens (draft vocabulary), and the same ids mapped to the target's vocabulary by both.
+    assert torch.equal(ours.argmax(-1), torch.cat(drafts))
+    assert torch.equal(model.to_target_ids(ours.argmax(-1)), ours.argmax(-1) + theirs.d2t[ours.argmax(-1)])
+    with pytest.raises(AssertionError):  # taps read one layer late (SpecForge's convention for the same name)
+        assert_parity(_our_eagle3_logits(folder, target, ids, tap_shift=-1)[0], ref)
+    perturb_saved_weight(folder, "layers.0.self_attn.v_proj.weight")
+    with pytest.raises(AssertionError):
+        assert_parity(_our_eagle3_logits(folder, target, ids)[0], ref)
+
+
+@pytest.mark.parametrize("flag", ["norm_before_residual", "norm_output"])
+def test_speculators_eagle3_variants_we_do_not_run_are_refused(tmp_path, flag):
+    from methods.eagle3 import Eagle3Model
+    from specbench.errors import SpecbenchError
+
+    target = tiny_parity_target()
+    _, folder = _speculators_eagle3(target, tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    config[flag] = True
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SpecbenchError) as err:
+        Eagle3Model.load(folder, target)
+    assert flag in str(err.value) and "\n" not in str(err.value)
