@@ -41,6 +41,7 @@ from torch import nn
 from methods.checkpoints import (check_layer_shapes, load_checked, load_ours_or_published, read_published_weights,
                                  save_ours, shipped_drafter)
 from methods.layers import KV, DecoderLayer, LayerShapes, RMSNorm, Rotary, official_layer_shapes, target_layer_shapes
+from methods.speculators_layout import is_speculators, speculators_dflash
 from specbench.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
 from specbench.options import option
@@ -396,6 +397,8 @@ def _check(cfg: DFlashConfig, target: Target, folder) -> None:
 
 
 def _load_official(cls, folder: Path, raw: dict, target: Target) -> DFlashModel:
+    if is_speculators(raw):  # vLLM speculators' layout, as z-lab's
+        raw = speculators_dflash(raw, folder, target.num_layers)
     cfg = DFlashConfig.from_official(raw, str(folder / CONFIG))
     if cfg.num_target_layers != target.num_layers:
         raise SpecbenchError(f"DFlash drafter {folder} was built for a {cfg.num_target_layers}-layer target but "

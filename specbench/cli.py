@@ -260,12 +260,16 @@ def list_presets() -> None:
 
 
 @list_app.command("methods")
-def list_methods() -> None:
+def list_methods(method: Optional[str] = typer.Argument(None, help="A method: list its --opt options instead "
+                                                                    "(type, default, range, help).")) -> None:
     """Registered drafting methods (entry-point group specbench.methods): what each is called in
     reports, what it ablates, and the `specbench train` command that makes its weights."""
-    from specbench.drafter import available_methods, method_class
+    from specbench.registry import available_methods, method_class
     from specbench.training.plugin import registered_trainers, trainer_of
 
+    if method is not None:
+        _list_options(method_class(method))
+        return
     command_of = {trainer: command for command, trainer in registered_trainers().items()}
     table = Table("method", "label", "ablation of", "--budget B sets", "train", "implementation")
     for name, where in available_methods().items():
@@ -279,6 +283,17 @@ def list_methods() -> None:
         table.add_row(name, cls.label or name, cls.ablation_of or "", budget,
                       f"specbench train {command_of[trainer]}" if trainer in command_of else "", where)
     console.print(table)
+
+
+def _list_options(cls) -> None:
+    """One method's options, from its declaration (what --opt and --config accept)."""
+    from specbench.options import describe
+
+    rows = describe(cls.Options)
+    table = Table("option", "type", "default", "range", "help", title=f"{cls.name} options (--opt KEY=VALUE)")
+    for row in rows:
+        table.add_row(*(escape(row[k]) for k in ("option", "type", "default", "range", "help")))
+    console.print(table if rows else f"{cls.name} takes no options")
 
 
 @list_app.command("benches")

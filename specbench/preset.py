@@ -21,7 +21,7 @@ import numpy as np
 import yaml
 
 from specbench.benchmarks import Prompt, load_benchmark
-from specbench.drafter import available_methods, method_class
+from specbench.registry import available_methods, method_class
 from specbench.errors import SpecbenchError, unknown_name_error
 from specbench.plugin_files import declared_paths
 from specbench.runner import BASELINE, RunConfig

@@ -4,7 +4,7 @@ budget is part of the run's identity and header."""
 
 import pytest
 
-from specbench.drafter import method_class, parse_options
+from specbench.registry import method_class, parse_options
 from specbench.errors import SpecbenchError
 from specbench.runner import RunConfig, run_sides, validate
 from test_cli import cli, read

@@ -19,7 +19,7 @@ import typer.main
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from specbench.cli import app
-from specbench.drafter import available_methods, method_class
+from specbench.registry import available_methods, method_class
 from specbench.target import Target
 from test_cli import cli
 

@@ -12,7 +12,8 @@ from safetensors.torch import save_file
 from methods.dflash import (DFlashDrafter, DFlashModel, DFlashOptions, block_labels, choose_mask_token,
                             default_layer_ids, sample_anchors, training_mask)
 from methods.vanilla import VanillaDrafter
-from specbench.drafter import DecodeState, create_drafter, method_class
+from specbench.drafter import DecodeState
+from specbench.registry import create_drafter, method_class
 from specbench.engine import GenerationConfig, generate
 from specbench.errors import SpecbenchError
 from specbench.timing import PhaseTimer

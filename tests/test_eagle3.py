@@ -10,7 +10,8 @@ from safetensors.torch import save_file
 
 from methods.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Model, Eagle3Options, eagle3_taps, select_nodes
 from methods.vanilla import VanillaDrafter
-from specbench.drafter import DecodeState, create_drafter, method_class
+from specbench.drafter import DecodeState
+from specbench.registry import create_drafter, method_class
 from specbench.engine import GenerationConfig, generate
 from specbench.errors import SpecbenchError
 from specbench.timing import PhaseTimer

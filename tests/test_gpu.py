@@ -11,7 +11,7 @@ import torch
 
 from drafters import RandomTreeDrafter, RandomTreeOptions, SampledTreeDrafter, SampledTreeOptions, random_tree
 from methods.vanilla import VanillaDrafter
-from specbench.drafter import available_methods, method_class
+from specbench.registry import available_methods, method_class
 from specbench.engine import GenerationConfig, generate
 from specbench.target import Target
 from specbench.tree import verify_visibility

@@ -10,7 +10,7 @@ from safetensors.torch import save_file
 from methods.medusa import (MC_SIM_7B_63, MedusaDrafter, MedusaHeads, MedusaOptions, TreeSkeleton, load_medusa,
                             official_key_map, resolve_choices, save_medusa)
 from methods.vanilla import VanillaDrafter
-from specbench.drafter import create_drafter
+from specbench.registry import create_drafter
 from specbench.engine import GenerationConfig, generate
 from specbench.errors import SpecbenchError
 from specbench.training.batch import TrainBatch

@@ -5,7 +5,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-from specbench.drafter import available_methods
+from specbench.registry import available_methods
 
 SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "reference_set.py"
 
