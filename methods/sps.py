@@ -15,6 +15,7 @@ import torch
 from specbench import kvcache
 from specbench.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
+from specbench.options import option
 from specbench.target import Target, load_located, locate_model, resolve_dtype
 from specbench.training.checkpoint import read_drafter_config
 from specbench.tree import DraftTree, SiblingKind
@@ -27,12 +28,12 @@ from methods.sps_student import is_student, load_student
 
 @dataclass
 class SpSOptions:
-    # Draft model: a folder, .gguf file or hub id org/name[@rev]; "truncated:N" = the target's first N
-    # layers (untrained, weak: a starting point for distillation); empty = the shipped one for the target.
-    draft: str = ""
-    revision: str = ""  # hub revision of draft; empty = main
-    gamma: int = 5  # chain length
-    dtype: str = ""  # draft dtype; empty = the target's
+    draft: str = option("", "Draft model: a folder, .gguf file or hub id org/name[@rev]; truncated:N = the target's "
+                            "first N layers (untrained, weak: a starting point for distillation); empty = the shipped "
+                            "one for the target.")
+    revision: str = option("", "Hub revision of draft; empty = main.")
+    gamma: int = option(5, "Chain length: tokens drafted per verify call.", ge=1, tokens=True)
+    dtype: str = option("", "Draft dtype; empty = the target's.")
 
 
 def check_same_vocabulary(target_tok, draft_tok, target_vocab: int, draft_vocab: int, draft_name: str) -> None:
@@ -84,8 +85,6 @@ class SpSDrafter(Drafter):
 
     def __init__(self, options: SpSOptions | None = None, model=None, tokenizer=None) -> None:
         super().__init__(options)
-        if getattr(self.options, "gamma", 1) < 1:  # subclasses that set the length adaptively may have none
-            raise SpecbenchError(f"{self.name}: gamma must be >= 1, got {self.options.gamma}")
         self.model, self.tokenizer = model, tokenizer
 
     def setup(self, target: Target) -> None:
