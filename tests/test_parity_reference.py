@@ -296,3 +296,60 @@ def test_speculators_eagle3_variants_we_do_not_run_are_refused(tmp_path, flag):
     with pytest.raises(SpecbenchError) as err:
         Eagle3Model.load(folder, target)
     assert flag in str(err.value) and "\n" not in str(err.value)
+
+
+# ---- DFlash: vLLM's speculators (speculators.models.dflash) -------------------------------------
+SPEC_AUX_IDS = [2, 3]  # HF hidden_states indices (z-lab's target_layer_ids [1, 2])
+
+
+def _speculators_dflash(target, folder: Path):
+    """speculators' DFlashDraftModel built as its trainer builds it (from_training_args on the saved
+    verifier; the verifier's embedding and lm_head), random like a trained drafter, save_pretrained."""
+    require_reference("speculators")
+    from transformers import Qwen3Config
+
+    from speculators.models.dflash import DFlashDraftModel
+
+    verifier = folder / "verifier"
+    target.model.save_pretrained(verifier)
+    layer = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6, max_position_embeddings=512,
+                        initializer_range=0.2)
+    torch.manual_seed(9)
+    model = DFlashDraftModel.from_training_args(layer, verifier_name_or_path=str(verifier), draft_vocab_size=64,
+                                                block_size=BLOCK, target_layer_ids=SPEC_AUX_IDS,
+                                                mask_token_id=MASK_ID, draft_attn_impl="sdpa").float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name and not name.startswith("verifier"):
+                p.uniform_(0.5, 1.5)
+    model.save_pretrained(folder / "speculators")
+    return model, folder / "speculators"
+
+
+def _speculators_block_logits(model, target, prompt: torch.Tensor, bonus: int) -> torch.Tensor:
+    """Their anchored-block forward with one anchor: the bonus at position n (the only loss_mask
+    position), context = the taps of positions < n, block [bonus, MASK...] -> logits of slots 1..L-1."""
+    n = prompt.shape[1]
+    ids = torch.cat([prompt, torch.tensor([[bonus]]), torch.zeros(1, BLOCK, dtype=torch.long)], 1)
+    hidden = target_hidden_states(target, ids)
+    loss_mask = torch.zeros_like(ids)
+    loss_mask[0, n] = 1
+    with torch.no_grad():
+        _, logits, *_ = model._backbone_forward(torch.cat([hidden[i] for i in SPEC_AUX_IDS], -1), ids, loss_mask,
+                                                hidden[-1], torch.zeros_like(ids),
+                                                position_ids=torch.arange(ids.shape[1])[None], max_anchors=1)
+    return logits[0, 1:BLOCK].float()
+
+
+def test_dflash_matches_speculators_draft_model(tmp_path):
+    target = tiny_parity_target()
+    theirs, folder = _speculators_dflash(target, tmp_path)
+    prompt = torch.randint(0, 60, (1, 10), generator=torch.Generator().manual_seed(10))
+    ref = _speculators_block_logits(theirs, target, prompt, bonus=11)
+    assert_parity(_our_block_logits(folder, target, prompt, bonus=11), ref)
+    with pytest.raises(AssertionError):  # aux ids read as z-lab's (one layer late)
+        assert_parity(_our_block_logits(folder, target, prompt, bonus=11, tap_shift=-1), ref)
+    perturb_saved_weight(folder, "layers.1.mlp.up_proj.weight")
+    with pytest.raises(AssertionError):
+        assert_parity(_our_block_logits(folder, target, prompt, bonus=11), ref)
