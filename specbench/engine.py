@@ -79,6 +79,7 @@ def generate(target: Target, drafter: Drafter, prompt_ids: Sequence[int], config
     tree_sizes: list[int] = []
     attempts: list[int] = []
     accepts: list[int] = []
+    chain_calls = 0
 
     hit_eos = bonus in eos
     while not hit_eos and len(new_tokens) < config.max_new_tokens:
@@ -100,6 +101,7 @@ def generate(target: Target, drafter: Drafter, prompt_ids: Sequence[int], config
             _count_depths(tree, result.accepted, attempts, accepts)
             accept_lengths.append(len(result.accepted))
             tree_sizes.append(len(tree))
+            chain_calls += tree.is_chain
             kept_taps = {i: t[rows] for i, t in out.taps.items()} if out.taps else {}
         if tops is not None:
             tops.append(top_rows(out.logits[rows]))
@@ -126,6 +128,7 @@ def generate(target: Target, drafter: Drafter, prompt_ids: Sequence[int], config
         temperature=params.temperature,
         seed=config.seed,
         extra=extra,
+        chain_calls=chain_calls,
     )
     record.top_logits = TopLogits.from_rows(tops, len(new_tokens)) if tops is not None else None  # not written
     return record
