@@ -10,14 +10,13 @@ compares nothing cannot pass. A package that is not installed skips its tests wi
 
 from __future__ import annotations
 
-import importlib
 import json
 from pathlib import Path
 
 import pytest
 import torch
 
-from parity_refs import (TOL, assert_parity, perturb_saved_weight, require_reference, target_hidden_states,
+from parity_refs import (assert_parity, perturb_saved_weight, require_reference, target_hidden_states,
                          tiny_parity_target)
 
 pytestmark = pytest.mark.parity
@@ -302,13 +301,14 @@ def test_speculators_eagle3_variants_we_do_not_run_are_refused(tmp_path, flag):
 SPEC_AUX_IDS = [2, 3]  # HF hidden_states indices (z-lab's target_layer_ids [1, 2])
 
 
-def _speculators_dflash(target, folder: Path):
+def _speculators_dflash(target, folder: Path, dflash2: bool = False):
     """speculators' DFlashDraftModel built as its trainer builds it (from_training_args on the saved
     verifier; the verifier's embedding and lm_head), random like a trained drafter, save_pretrained."""
     require_reference("speculators")
     from transformers import Qwen3Config
 
     from speculators.models.dflash import DFlashDraftModel
+    from speculators.models.dflash2 import DFlash2DraftModel
 
     verifier = folder / "verifier"
     target.model.save_pretrained(verifier)
@@ -316,9 +316,10 @@ def _speculators_dflash(target, folder: Path):
                         num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6, max_position_embeddings=512,
                         initializer_range=0.2)
     torch.manual_seed(9)
-    model = DFlashDraftModel.from_training_args(layer, verifier_name_or_path=str(verifier), draft_vocab_size=64,
-                                                block_size=BLOCK, target_layer_ids=SPEC_AUX_IDS,
-                                                mask_token_id=MASK_ID, draft_attn_impl="sdpa").float().eval()
+    extra = dict(conv_kernel_size=2, conv_group_size=8, selector_rank=4, selector_top_k=4) if dflash2 else {}
+    model = (DFlash2DraftModel if dflash2 else DFlashDraftModel).from_training_args(
+        layer, verifier_name_or_path=str(verifier), draft_vocab_size=64, block_size=BLOCK,
+        target_layer_ids=SPEC_AUX_IDS, mask_token_id=MASK_ID, draft_attn_impl="sdpa", **extra).float().eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name and not name.startswith("verifier"):
@@ -353,3 +354,15 @@ def test_dflash_matches_speculators_draft_model(tmp_path):
     perturb_saved_weight(folder, "layers.1.mlp.up_proj.weight")
     with pytest.raises(AssertionError):
         assert_parity(_our_block_logits(folder, target, prompt, bonus=11), ref)
+
+
+def test_dflash2_from_speculators_is_refused_in_one_line(tmp_path):
+    from methods.dflash import DFlashModel
+    from specbench.errors import SpecbenchError
+
+    target = tiny_parity_target()
+    _, folder = _speculators_dflash(target, tmp_path, dflash2=True)
+    with pytest.raises(SpecbenchError) as err:
+        DFlashModel.load(folder, target)
+    line = str(err.value)
+    assert "\n" not in line and "DFlash-2" in line and "selector" in line
