@@ -13,7 +13,8 @@ import torch
 from tiny import tiny_target
 
 TOL = 1e-4  # max |Δlogit| in fp32 (issue: parity with the authors' code)
-INSTALL = "pip install -e '.[parity]' (the reference packages; .ci/run installs them with --no-deps)"
+INSTALL = ("pip install -e '.[parity]', or (keeping torch and transformers) pip install --no-deps the extra's "
+           "packages as .ci/run does")
 # import name -> distribution name
 PACKAGES = {"dflash": "dflash", "speculators": "speculators", "medusa": "medusa-llm"}
 

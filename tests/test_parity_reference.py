@@ -184,6 +184,7 @@ def _our_medusa(folder: Path, target, prompt: torch.Tensor):
 
 
 def test_medusa_matches_medusa_llm_heads(tmp_path):
+    require_reference("medusa")
     from medusa.model.utils import generate_candidates, generate_medusa_buffers
 
     target = tiny_parity_target()
