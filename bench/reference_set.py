@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from specbench.machine_load import load_average
+from specbench.machine_load import drop_flagged, load_average
 from specbench.runner import parse_also
 
 BENCHES = ("mt_bench", "humaneval", "math500", "natural_questions", "wmt23", "alpaca")
@@ -75,7 +75,8 @@ def ablation_side(method: str, drafter: str = "") -> str:
 
 
 # group -> (main side, extra sides), each a side spec as --also takes it (name[@key=value...][@label=LABEL]).
-# Every group also runs vanilla, the speedup's baseline.
+# Every group also runs vanilla, the speedup's baseline, and a second vanilla side (AA_SIDE): the A/A control,
+# whose "speedup" interval must contain 1.00x (the report's aa_table).
 GROUPS: dict[str, tuple[str, list[str]]] = {
     "main": ("specblock", ["eagle3", "sps", "medusa", "dflash", "ddtree", "pacer", "sps-confidence"]),
     "specblock-ablations": (ablation_side("specblock", ABLATION_BASE),
@@ -96,6 +97,9 @@ SAMPLED_BENCHES = ("mt_bench", "humaneval")  # the T = 1 check of the main metho
 SAMPLED_METHODS = ("specblock", ["eagle3", "sps", "dflash", "ddtree", "medusa"])
 
 
+AA_SIDE = "vanilla@label=vanilla (A/A)"
+
+
 def plan(limit: int, repeats: int, stream_limit: int, passes: int) -> list[tuple[str, list[str]]]:
     """(results file, specbench arguments) for every run of the reference set, in the order they run."""
     runs = []
@@ -107,7 +111,7 @@ def plan(limit: int, repeats: int, stream_limit: int, passes: int) -> list[tuple
         side = parse_also(main)
         opts = [arg for key, value in side.options.items() for arg in ("--opt", f"{key}={value}")]
         label = ["--label", side.label] if side.label != main else []
-        return ["--method", side.method, *opts, *label] + [arg for spec in also for arg in ("--also", spec)]
+        return ["--method", side.method, *opts, *label] + [arg for spec in [*also, AA_SIDE] for arg in ("--also", spec)]
 
     for bench in BENCHES:
         for group, (method, also) in GROUPS.items():
@@ -164,6 +168,9 @@ def main() -> None:
     parser.add_argument("--max-load", type=float, default=0.6, help="start a run only below this 1-min load")
     parser.add_argument("--wait", type=float, default=10.0, help="minutes to wait for an idle machine")
     parser.add_argument("--list", action="store_true", help="print the plan and exit")
+    parser.add_argument("--retime-flagged", action="store_true",
+                        help="first drop every side's record of the turns recorded under load (other work above "
+                             "0.5 CPU) from each planned file, so that its resumed run times them again")
     args = parser.parse_args()
     specbench = [sys.executable, "-m", "specbench"]
     for out, argv in plan(args.limit, args.repeats, args.stream_limit, args.passes):
@@ -178,6 +185,8 @@ def main() -> None:
             continue
         if name.startswith("specblock-ablations_") and (problem := ablation_problem(ablation_drafters())):
             sys.exit(f"reference_set: {problem}")
+        if args.retime_flagged and (ROOT / out).is_file() and (dropped := drop_flagged(ROOT / out)):
+            print(f"{name}: {len(dropped)} turns recorded under load dropped; re-timing them", flush=True)
         load = wait_until_idle(args.max_load, args.wait)
         print(f"[{time.strftime('%H:%M:%S')}] load {load:.2f}: {line}", flush=True)
         code = subprocess.call(specbench + argv, cwd=ROOT)  # paths in the plan are the checkout's
