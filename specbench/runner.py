@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from specbench import distributed, divergence, hub, interrupt, machine_load, metrics
+from specbench import distributed, divergence, drafter_paths, hub, interrupt, machine_load, metrics
 from specbench.benchmarks import Prompt, check_data_dir_option
 from specbench.devices import choose_dtype, resolve_device
 from specbench.drafter import Drafter
@@ -211,7 +211,8 @@ def weights_metadata(target: Target, sides: list[tuple[str, Drafter]]) -> dict:
     """The files and commit sha of the target and of every side's weights (sha None: a local path)."""
     source = target.source or hub.Resolved(target.name, Path(target.name))
     return {"target": source.as_dict(),
-            "drafters": {label: {name: src.as_dict() for name, src in d.sources.items()} for label, d in sides}}
+            "drafters": {label: {name: drafter_paths.portable(src.as_dict()) for name, src in d.sources.items()}
+                         for label, d in sides}}
 
 
 def default_out(cfg: RunConfig) -> Path:
