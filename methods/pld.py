@@ -15,6 +15,10 @@ settings give the same drafts (tests/test_pld.py checks tokens and per-step acce
 Where transformers scans every window per step, we keep, per n, the first position of every
 n-gram seen so far and extend it with each committed token: the same leftmost match in O(1).
 
+``rule=original`` instead follows the original prompt-lookup code (apoorvumang/prompt-lookup-decoding,
+copied into Spec-Bench as model/pld/pld.py): a match counts only if a whole ``gamma``-token
+continuation follows it and it starts before the last 2n tokens, and drafts are not cut at EOS.
+
 One known difference: transformers, at its first call, looks up the prompt before the target has
 produced a token (prefill and the first verify share a forward); our engine's prefill yields the
 first token, so our first lookup already sees it. From the second transformers step on, both look
@@ -24,6 +28,7 @@ up the same text.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from specbench.drafter import DecodeState, Drafter, VerifyResult
 from specbench.options import option
@@ -39,6 +44,9 @@ class PLDOptions:
     gamma: int = option(10, "Longest draft (transformers' prompt_lookup_num_tokens).", ge=1, tokens=True)
     ngram: int = option(2, "Longest n-gram matched, tried longest first down to 1 "
                            "(transformers' max_matching_ngram_size).", ge=1)
+    rule: Literal["transformers", "original"] = option(
+        "transformers", "Which matches count: transformers' (any continuation) or the original PLD code's "
+                        "(a whole gamma-token continuation; Spec-Bench's PLD row).")
 
 
 class NgramIndex:
@@ -56,13 +64,20 @@ class NgramIndex:
             for n in range(1, min(self.max_n, end) + 1):
                 self.first[n].setdefault(tuple(self.tokens[end - n:]), end - n)
 
-    def continuation(self, gamma: int) -> list[int]:
-        """The tokens after the leftmost earlier occurrence of the longest matching tail (or [])."""
+    def continuation(self, gamma: int, whole: bool = False) -> list[int]:
+        """The tokens after the leftmost earlier occurrence of the longest matching tail (or []).
+        ``whole``: the original PLD rule, only a match followed by ``gamma`` tokens that starts before
+        the last 2n tokens (both bounds on the start, so the leftmost occurrence passes if any does)."""
         length = len(self.tokens)
-        for n in range(min(self.max_n, length - 1), 0, -1):
+        top = min(self.max_n, length if whole else length - 1)
+        for n in range(top, 0, -1):
             start = self.first[n].get(tuple(self.tokens[length - n:]))
-            # The tail is in the index too; an occurrence before it has a token after it.
-            if start is not None and start + n < length:
+            if start is None:
+                continue
+            if whole:
+                if start + n + gamma <= length and start + n < length - n:
+                    return self.tokens[start + n: start + n + gamma]
+            elif start + n < length:  # the tail is in the index too; an earlier occurrence has a token after it
                 return self.tokens[start + n: min(start + n + gamma, length)]
         return []
 
@@ -85,8 +100,9 @@ class PLDDrafter(Drafter):
 
     def propose(self, state: DecodeState) -> DraftTree:
         with state.timer.phase("tree_build"):
-            draft = self.index.continuation(self.options.gamma)
-            for i, token in enumerate(draft):  # as transformers: never draft past an EOS
+            original = self.options.rule == "original"
+            draft = self.index.continuation(self.options.gamma, whole=original)
+            for i, token in enumerate(draft if not original else ()):  # as transformers: never draft past an EOS
                 if token in self.eos:
                     draft = draft[:i]
                     break

@@ -59,7 +59,7 @@ def test_a_different_match_rule_is_caught(monkeypatch):
     model = tiny_llama(seed=3, vocab=64, layers=2)
     _, their_matches = transformers_run(model, 10, 2, monkeypatch)
 
-    def rightmost(self, gamma):
+    def rightmost(self, gamma, whole=False):
         length = len(self.tokens)
         for n in range(min(self.max_n, length - 1), 0, -1):
             tail = self.tokens[length - n:]
@@ -109,3 +109,41 @@ def test_bad_options_are_one_line_errors(raw):
 
 def test_budget_sets_gamma():
     assert PLDDrafter.budget_options(7) == {"gamma": "7"}
+
+
+def brute_force(tokens, max_n, gamma, whole):
+    """Both rules written out as a scan of every window, left to right."""
+    length = len(tokens)
+    for n in range(min(max_n, length if whole else length - 1), 0, -1):
+        tail = tokens[length - n:]
+        for idx in range(length - n + 1):
+            if tokens[idx:idx + n] != tail:
+                continue
+            start = idx + n
+            if whole and start + gamma <= length and start < length - n:
+                return tokens[start:start + gamma]
+            if not whole and start < min(start + gamma, length):
+                return tokens[start:start + gamma]
+    return []
+
+
+@pytest.mark.parametrize("whole", [False, True])
+def test_index_equals_a_scan_of_every_window(whole):
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(300):
+        tokens = torch.randint(0, 3 + trial % 5, (1 + trial % 40,), generator=gen).tolist()
+        max_n, gamma = 1 + trial % 4, 1 + trial % 6
+        index = NgramIndex(max_n)
+        index.extend(tokens)
+        assert index.continuation(gamma, whole) == brute_force(tokens, max_n, gamma, whole), (tokens, max_n, gamma)
+
+
+def test_original_rule_greedy_equals_vanilla():
+    target = Target(tiny_llama(seed=0, vocab=32, layers=2), tokenizer=None, name="tiny-0")
+    prompt = [3, 7, 3, 7, 11, 3, 7, 2, 9, 3]
+    vanilla = VanillaDrafter()
+    vanilla.setup(target)
+    want = generate(target, vanilla, prompt, GenerationConfig(max_new_tokens=40)).new_tokens
+    drafter = PLDDrafter(PLDOptions(gamma=4, ngram=3, rule="original"))
+    drafter.setup(target)
+    assert generate(target, drafter, prompt, GenerationConfig(max_new_tokens=40)).new_tokens == want
