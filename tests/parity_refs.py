@@ -79,5 +79,5 @@ def save_tiny_tokenizer(folder: Path, vocab: int = 64) -> Path:
     words = {f"t{i}": i for i in range(vocab)}
     raw = Tokenizer(WordLevel(words, unk_token="t0"))
     raw.pre_tokenizer = WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="t0").save_pretrained(folder)
+    PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="t0", eos_token=f"t{vocab - 1}").save_pretrained(folder)
     return Path(folder)

@@ -367,3 +367,47 @@ def test_dflash2_from_speculators_is_refused_in_one_line(tmp_path):
         DFlashModel.load(folder, target)
     line = str(err.value)
     assert "\n" not in line and "DFlash-2" in line and "selector" in line
+
+
+def test_medusa_llm_generate_loop_matches_our_engine(tmp_path):
+    """The medusa parity adapter: medusa-llm's own medusa_generate on its own Llama class (GQA heads
+    repeated, RoPE rebuilt with the target's theta) gives our engine's tokens and per-step accept
+    lengths, greedy, with our heads written into its layout. Heads made weak enough that some drafts
+    are rejected and some accepted."""
+    require_reference("medusa")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from methods.medusa import MedusaDrafter, MedusaHeads, MedusaOptions
+    from methods.parity.medusa import MedusaLLM, dense_choices_json
+    from parity_refs import save_tiny_tokenizer
+    from specbench.engine import GenerationConfig, generate
+    from specbench.target import Target
+    from specbench.verify import SamplingParams
+    from transformers import AutoTokenizer
+
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.2,
+                         rope_parameters={"rope_type": "default", "rope_theta": 100000.0}, bos_token_id=None,
+                         eos_token_id=None, pad_token_id=None, tie_word_embeddings=False)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).float().eval()
+    target = Target(model, tokenizer=AutoTokenizer.from_pretrained(save_tiny_tokenizer(tmp_path / "tok")), name="tiny")
+    heads = MedusaHeads(2, 32, 64, num_layers=1, shared_lm_head=True)
+    with torch.no_grad():
+        heads.res_weight.normal_(0, 0.1)
+    heads.attach_lm_head(model.get_output_embeddings())
+    drafter = MedusaDrafter(MedusaOptions(choices=dense_choices_json([3, 2]), topk=3), heads=heads)
+    drafter.setup(target)
+    ref = MedusaLLM()
+    ref.load(target, drafter, drafter.options)
+    accepted = 0
+    for seed in range(3):
+        prompt = torch.randint(0, 64, (7,), generator=torch.Generator().manual_seed(seed)).tolist()
+        ours = generate(target, drafter, prompt, GenerationConfig(24, SamplingParams(0.0), seed=0), method="medusa")
+        theirs = ref.generate(prompt, 24)
+        assert ours.new_tokens == theirs.tokens
+        assert len(ours.accept_lengths) == len(theirs.accept_lengths)  # the same verify steps
+        assert ours.accept_lengths[:-1] == theirs.accept_lengths[:-1]  # the last may be cut at the budget
+        accepted += sum(theirs.accept_lengths)
+    assert accepted > 0  # drafts were accepted, so the loop's tree path ran
