@@ -10,7 +10,8 @@ an equivalent model of the target, built with its own modules:
   3 key/value heads) becomes the same function with each key/value head repeated for its group;
 * its rotary module is built with base 10000 whatever the config says, so each layer's is rebuilt
   with its own class and the target's ``rope_theta``; RoPE scaling of other kinds is refused;
-* it reads ``config.rope_scaling['type']``, which transformers 5 configs no longer carry.
+* it reads ``config.rope_scaling['type']``, which transformers 5 configs no longer carry, and lists its
+  tied weights the transformers-4 way (so the lm_head is loaded untied, from the target's).
 Its trees are dense (top-k_d of head d, every combination: ``medusa_choices=[1, k_1, ..., k_d]``),
 so our drafter must run the same dense tree (``--opt choices=<the rank paths>``, see ``dense_topk``).
 Per-step accept lengths and the new tokens are read from the values its loop passes between its
@@ -113,6 +114,7 @@ class MedusaLLM:
         config.rope_scaling = None
         config.max_position_embeddings = target.max_context
         config._attn_implementation = "eager"
+        config.tie_word_embeddings = False  # its class lists tied keys the transformers-4 way; lm_head is loaded below
         base = LlamaForCausalLM(config)
         state = expand_gqa(target.model.state_dict(), heads_n, kv_n, head_dim)
         state["lm_head.weight"] = target.model.get_output_embeddings().weight
