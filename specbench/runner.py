@@ -30,6 +30,7 @@ from specbench.drafter import Drafter
 from specbench.registry import method_class, parse_options
 from specbench.engine import GenerationConfig, generate, generate_turns
 from specbench.errors import SpecbenchError
+from specbench.export import HEADER_KEY, category_header
 from specbench.options import LONGEST_CONTEXT, check_context
 from specbench.merge import find_parts, merge_runs, part_path, read_run, write_run
 from specbench.prompts import ChatFormat, render_chat
@@ -277,6 +278,7 @@ class Runner:
         meta = {**cfg.identity(), **({"preset": cfg.preset} if cfg.preset else {}), "method_options": {spec.label: asdict(opts) for spec, _, opts in parsed},
                 "config_hash": config_hash(cfg.identity()), "stream": [q.prompt.id for q in stream],
                 "stream_turns": [len(q.prompt.turns) for q in stream],
+                HEADER_KEY: category_header(q.prompt for q in stream),  # where each prompt's category came from
                 "sides": [spec.label for spec, _, _ in parsed] + ([BASELINE] if with_baseline else []),
                 "methods": {spec.label: cls.report_names() for spec, cls, _ in parsed}
                 | ({BASELINE: method_class(BASELINE).report_names()} if with_baseline else {}),

@@ -248,7 +248,9 @@ def test_reproduce_runs_the_plan_on_a_tiny_target(models, tmp_path, capsys):
     code, stdout, err = cli(["export", "--format", "spec-bench", str(files[0]), "--out", str(tmp_path / "sb")], capsys)
     assert code == 0, err
     assert sorted(p.name for p in (tmp_path / "sb").iterdir()) == ["deep-dvi-temperature-0.jsonl",
-                                                                  "deep-vanilla-temperature-0.jsonl"]
+                                                                  "deep-vanilla-temperature-0.jsonl", "tokenizer"]
+    rows = [json.loads(x) for x in (tmp_path / "sb" / "deep-vanilla-temperature-0.jsonl").read_text().splitlines()]
+    assert [r["category"] for r in rows] == ["writing"]  # question 81, from the run's header
 
 
 # ------------------------------------------------------------------------------------------ the papers' metrics
