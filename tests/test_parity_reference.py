@@ -381,6 +381,7 @@ def test_medusa_llm_generate_loop_matches_our_engine(tmp_path):
     from methods.parity.medusa import MedusaLLM, dense_choices_json
     from parity_refs import save_tiny_tokenizer
     from specbench.engine import GenerationConfig, generate
+    from specbench.errors import SpecbenchError
     from specbench.target import Target
     from specbench.verify import SamplingParams
     from transformers import AutoTokenizer
@@ -397,6 +398,11 @@ def test_medusa_llm_generate_loop_matches_our_engine(tmp_path):
     with torch.no_grad():
         heads.res_weight.normal_(0, 0.1)
     heads.attach_lm_head(model.get_output_embeddings())
+    sparse = MedusaDrafter(MedusaOptions(topk=3, max_nodes=6), heads=heads)  # mc_sim_7b_63's first 6 paths
+    sparse.setup(target)
+    with pytest.raises(SpecbenchError) as err:  # a tree medusa-llm cannot run: one line naming a dense one
+        MedusaLLM().load(target, sparse, sparse.options)
+    assert "dense" in str(err.value) and "\n" not in str(err.value)
     drafter = MedusaDrafter(MedusaOptions(choices=dense_choices_json([3, 2]), topk=3), heads=heads)
     drafter.setup(target)
     ref = MedusaLLM()
