@@ -328,6 +328,44 @@ def list_models() -> None:
 
 
 @app.command()
+def parity(
+    method: Optional[str] = typer.Argument(None, help="Method to compare with its authors' implementation."),
+    all_methods: bool = typer.Option(False, "--all", help="Every method with a registered reference, in turn."),
+    bench: str = typer.Option("humaneval", help="Benchmark name or a .jsonl file."),
+    limit: int = typer.Option(12, help="First N prompts."),
+    max_new_tokens: int = typer.Option(128, help="New tokens per prompt (cut at EOS)."),
+    target: str = typer.Option("smollm2-135m", help="Target (as for `specbench run`)."),
+    device: str = typer.Option("cpu", help="cpu, cuda or cuda:N (cuda writes under results/gpu/)."),
+    dtype: str = typer.Option("float32", help="float32 (exact text) or bfloat16."),
+    opt: list[str] = typer.Option([], "--opt", help="Method option key=value, given to both sides (repeatable)."),
+    data_dir: Optional[str] = typer.Option(None, help="Folder of benchmark JSONL files (else $SPECBENCH_DATA)."),
+    out: Optional[Path] = typer.Option(None, help="Parity file (default results/[gpu/]parity/<method>_<bench>_<target>.jsonl)."),
+) -> None:
+    """Run METHOD and its authors' reference implementation interleaved in one process; write the per-prompt
+    records and refresh the parity table (reports/parity_table.md, or results/gpu/ on CUDA)."""
+    from specbench.parity import ParityConfig, available_references, run_parity, table_folder
+
+    if all_methods == (method is not None):
+        raise SpecbenchError("parity needs one METHOD or --all (methods with a reference: "
+                             f"{', '.join(available_references()) or 'none'})")
+    if all_methods and out is not None:
+        raise SpecbenchError("--out names one method's file; drop it with --all")
+    for name in list(available_references()) if all_methods else [method]:
+        cfg = ParityConfig(method=name, bench=bench, limit=limit, max_new_tokens=max_new_tokens, target=target,
+                           device=device, dtype=dtype, options=_parse_opts(opt, None), data_dir=data_dir,
+                           out=str(out) if out else None)
+
+        def shown(done: int, total: int, line: dict, name: str = name) -> None:
+            err.print(f"{name} {done}/{total} {line['prompt_id']}: text {'=' if line['text_identical'] else '≠'}, "
+                      f"τ {line['ours']['tau']:.2f} / {line['ref']['tau']:.2f}, "
+                      f"decode {line['ours']['decode_s']:.2f}s / {line['ref']['decode_s']:.2f}s", highlight=False)
+
+        written = run_parity(cfg, progress=shown)
+        console.print(f"records: {written}")
+    console.print(f"table: {table_folder(cfg, written) / 'parity_table.md'}")
+
+
+@app.command()
 def report(
     results: list[str] = typer.Argument(None, help="Result files or globs (default results/*.jsonl)."),
     out_dir: Path = typer.Option(Path("reports"), help="Where tables and figures go."),
