@@ -3,6 +3,7 @@ the mixed stream, the summarization run) and their claims, decided by the orderi
 hand-made records."""
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -99,3 +100,25 @@ def test_suffix_claims_on_the_stream():
     assert ordering_frame([result_file(growing)], [rises]).verdict.tolist() == ["holds"]
     flat = [rec("suffix", f"q{i}", 1.0, committed=30 - i, bench="mixed", query_index=i) for i in range(24)]
     assert ordering_frame([result_file(flat)], [rises]).verdict.tolist() == ["reversed"]
+
+
+# ---- the spec-bench-table preset ----------------------------------------------------------------
+
+@pytest.mark.skipif(not (Path(os.environ.get("SPECBENCH_DATA") or "/nonexistent") / "spec_bench").is_dir(),
+                    reason="needs SPECBENCH_DATA with Spec-Bench's questions (spec_bench/)")
+@pytest.mark.parametrize("target,eagle3", [("lmsys/vicuna-7b-v1.3", False), ("lmsys/vicuna-13b-v1.3", True)])
+def test_spec_bench_table_runs_its_rows_with_spec_benchs_settings(target, eagle3, tmp_path):
+    from specbench.preset import build_plan
+
+    plan = build_plan("spec-bench-table", target, out_dir=tmp_path)
+    assert [(b.bench, len(b.prompts), b.turns) for b in plan.benches] == [("spec_bench", 480, 560)]
+    (run,) = plan.runs
+    assert (run.cfg.temperature, run.cfg.max_new_tokens, run.cfg.dtype) == (0.0, 1024, "float16")
+    sides = {s.label: s for s in plan.sides}
+    assert set(sides) == {"sps", "pld", "lookahead", "medusa"} | ({"eagle3"} if eagle3 else set())
+    assert sides["pld"].options == {"gamma": 10, "ngram": 3, "rule": "original"}
+    assert sides["lookahead"].options == {"window": 7, "ngram": 5, "guess": 7, "budget": 0}
+    if not eagle3:
+        assert any(label == "eagle3" and "13B" in why for label, why in plan.skipped)
+    for side in run_sides(run.cfg):  # every side's options are valid as the runner parses them
+        parse_options(method_class(side.method), side.options)
