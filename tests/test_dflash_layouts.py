@@ -269,3 +269,18 @@ def test_layer_types_match_zlab_dflash(tmp_path, target, layout):
         torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=1e-5)
         ours.config.layer_types, ours.config.is_causal = [], None  # negative control
         assert (ours.norm(block_forward(ours, features, ids)) - theirs).abs().max() > 1e-3
+
+
+def test_sharded_eagle3_checkpoint_loads_through_its_loader(tmp_path):
+    """The same shard reader serves the other published-layout loaders (EAGLE-3 here, as its repository ships
+    large drafters)."""
+    import test_eagle3 as e3
+    from methods.eagle3 import Eagle3Drafter, Eagle3Options
+
+    target = tiny_target(0, layers=e3.LAYERS, init=e3.INIT)
+    written = e3.official_checkpoint(tmp_path, target, "safetensors")
+    (tmp_path / "model.safetensors").unlink()
+    shard(tmp_path, written)
+    drafter = ready(Eagle3Drafter(Eagle3Options(path=str(tmp_path), top_k=4, depth=3, total_tokens=20)), target)
+    for key, value in drafter.model.state_dict().items():
+        assert torch.equal(value, written[key].to(value.dtype)), key
