@@ -140,7 +140,8 @@ def test_plan_expands_into_run_configs(tmp_path):
     assert len(next(b for b in plan.benches if b.bench == "mt_bench").prompts) == 3  # --limit after selection
 
 
-def test_plan_sweeps_and_flash_attention_baselines(tmp_path):
+def test_plan_sweeps_and_flash_attention_baselines(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the Hub-read Alpaca bench stays out: no network in tests
     plan = build_plan("ddtree-table1", "/models/Qwen3-8B", out_dir=tmp_path, drafters={"dflash": "/drafters/dflash"})
     mains = [r for r in plan.runs if r.cfg.method == "ddtree"]
     fa2 = [r for r in plan.runs if r.cfg.attn_implementation == "flash_attention_2"]
@@ -174,7 +175,8 @@ def test_shuffle_selection_matches_hf_datasets():
     assert select_prompts(prompts[:80], {"bench": "b", "n": 128, "select": "shuffle"})[0] == prompts[:80]
 
 
-def test_framing_follows_the_papers(tmp_path):
+def test_framing_follows_the_papers(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the Hub-read Alpaca bench stays out: no network in tests
     ddtree = build_plan("ddtree-table1", "Qwen/Qwen3-8B", out_dir=tmp_path, limit=2)
     math = next(b for b in ddtree.benches if b.bench == "math500").prompts[0].turns[0]
     assert math.endswith("\nPlease reason step by step, and put your final answer within \\boxed{}.")
