@@ -46,6 +46,9 @@ def _read_config(config: Path) -> dict:
     except json.JSONDecodeError as exc:
         raise SpecbenchError(f"config file {config} is not valid JSON ({exc.msg} at line {exc.lineno}); "
                              "fix it or pass a .yaml file") from None
+    except RecursionError:
+        raise SpecbenchError(f"config file {config} nests deeper than Python can read; method options are flat, "
+                             "e.g. gamma: 5") from None
     except yaml.YAMLError as exc:
         where = getattr(exc, "problem_mark", None)
         at = f" at line {where.line + 1}" if where is not None else ""
@@ -53,10 +56,9 @@ def _read_config(config: Path) -> dict:
                              f"{at}); fix it") from None
     if loaded is None:
         return {}
-    if not isinstance(loaded, dict) or not all(isinstance(k, str) for k in loaded):
-        raise SpecbenchError(f"config file {config} must hold a mapping of option names to values "
-                             f"(got {type(loaded).__name__}), e.g. gamma: 5")
-    return loaded
+    from specbench.schemas import validate_config
+
+    return validate_config(loaded, config)
 
 
 def _parse_opts(opts: list[str], config: Optional[Path]) -> dict:
@@ -140,7 +142,7 @@ def run(
                     overwrite=overwrite, warmup=warmup, sweep=sweep, also=list(also), passes=passes,
                     target_revision=target_revision, chat_template=chat_template,
                     chat_template_kwargs=parse_template_kwargs(list(chat_template_kwargs)),
-                    repeats=repeats, budget=budget)
+                    repeats=repeats, budget=budget, config_file=str(config) if config else None)
     runner = Runner(cfg, err)
     records = runner.run()
     if not runner.world.main:
@@ -163,6 +165,7 @@ def merge(
     import glob
 
     from specbench.merge import find_parts, merge_runs, write_run
+    from specbench.safe_files import check_output
 
     if parts:
         sources = [Path(p) for pattern in parts for p in (sorted(glob.glob(pattern)) or [pattern])]
@@ -170,12 +173,20 @@ def merge(
         sources = find_parts(out) + ([out] if out.exists() else [])
         if not sources:
             raise SpecbenchError(f"no part files of {out} found ({out.name}.part-RofN); name the parts to merge")
-    if out.exists() and out not in sources and not overwrite:
+    check_output(out)  # a folder, device, FIFO or symlink is refused before anything is read
+    if out.exists() and not any(_same_file(out, source) for source in sources) and not overwrite:
         raise SpecbenchError(f"{out} already exists; pass --overwrite to replace it, or add it to the inputs")
     meta, lines = merge_runs(sources)
     write_run(out, meta, lines)
     n = sum(1 for o in lines if o["type"] == "record")
     console.print(f"merged {n} records from {len(sources)} files -> {out}")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _parse_drafters(items: list[str]) -> dict[str, str]:
@@ -237,13 +248,14 @@ def export(
     out: Optional[Path] = typer.Option(None, help="Output folder (default RESULTS_spec-bench/ beside the file)."),
     tokenizer: Optional[str] = typer.Option(None, help="Tokenizer to decode answers (default: the run's target)."),
     data_dir: Optional[str] = typer.Option(None, help="Folder of benchmark JSONL files, for question categories."),
+    overwrite: bool = typer.Option(False, help="Replace answer files that already exist."),
 ) -> None:
     """Write Spec-Bench answer files (one per method, vanilla included) that its evaluation/speed.py reads."""
     from specbench.export import FORMATS, export_spec_bench
 
     if format not in FORMATS:
         raise SpecbenchError(f"unknown export format {format!r}; known: {', '.join(FORMATS)}")
-    written = export_spec_bench(results, out, tokenizer, data_dir)
+    written = export_spec_bench(results, out, tokenizer, data_dir, overwrite=overwrite)
     for path in written:
         console.print(str(path))
 
@@ -388,7 +400,8 @@ def _interrupted_line(exc: interrupt.Interrupted) -> str:
     if len(sys.argv) > 1 and sys.argv[1] == "train":
         return f"interrupted ({signal_name}); checkpoint saved; resume with: {interrupt.resume_command(flag='')}"
     kept = getattr(exc, "kept", None)
-    what = f"{signal_name}; finished records kept in {kept}" if kept else signal_name
+    kept = f"finished records kept in {kept}" if kept else interrupt.kept()
+    what = f"{signal_name}; {kept}" if kept else signal_name
     return f"interrupted ({what}); resume with: {interrupt.resume_command()}"
 
 
@@ -419,31 +432,42 @@ def main() -> None:
     warnings.filterwarnings("ignore", message=".*GGUF.*")
     # Runs and trainings stop at their next step boundary on Ctrl-C / SIGTERM; other commands stop at once.
     graceful = sys.argv[1:2] == ["run"] or (sys.argv[1:2] == ["train"] and sys.argv[2:3] != ["data"])
-    try:
-        with interrupt.graceful() if graceful else contextlib.nullcontext():
+    # A run's step (one forward) that has not reached its boundary ESCALATE_S seconds after a signal is
+    # stopped where it is: its turn is not recorded anyway. Training keeps the wait: it saves a checkpoint.
+    escalate = interrupt.ESCALATE_S if sys.argv[1:2] == ["run"] else None
+    # The handlers stay installed while the outcome is printed (settle() makes later signals no-ops),
+    # so a second Ctrl-C cannot cut the last line short.
+    with interrupt.graceful(escalate) if graceful else contextlib.nullcontext():
+        try:
             code = app(standalone_mode=False)
-        sys.exit(code if isinstance(code, int) else 0)
-    except typer.TyperException as exc:  # click's usage errors: one line, not a usage box
-        _usage_error(exc)
-    except SpecbenchError as exc:
-        err.print(f"[red]error:[/] {_one_line(str(exc))}", highlight=False, soft_wrap=True)
-        sys.exit(2)
-    except OSError as exc:  # a path the system refuses (name too long, ...) that no check above caught
-        if exc.filename is None:
-            raise
-        err.print(f"[red]error:[/] {_one_line(f'{exc.filename}: {exc.strerror}')}; pass another path",
-                  highlight=False, soft_wrap=True)
-        sys.exit(2)
-    except interrupt.Interrupted as exc:
-        err.print(_one_line(_interrupted_line(exc)), highlight=False, soft_wrap=True)
-        sys.exit(exc.exit_code)
-    except (KeyboardInterrupt, typer.Abort):
-        err.print("interrupted; rerun with --resume to continue")
-        sys.exit(130)
-    finally:
-        from specbench import distributed
+            interrupt.settle()
+            sys.exit(code if isinstance(code, int) else 0)
+        except typer.TyperException as exc:  # click's usage errors: one line, not a usage box
+            interrupt.settle()
+            _usage_error(exc)
+        except SpecbenchError as exc:
+            interrupt.settle()
+            err.print(f"[red]error:[/] {_one_line(str(exc))}", highlight=False, soft_wrap=True)
+            sys.exit(2)
+        except OSError as exc:  # a path the system refuses (name too long, ...) that no check above caught
+            interrupt.settle()
+            if exc.filename is None:
+                raise
+            err.print(f"[red]error:[/] {_one_line(f'{exc.filename}: {exc.strerror}')}; pass another path",
+                      highlight=False, soft_wrap=True)
+            sys.exit(2)
+        except interrupt.Interrupted as exc:
+            interrupt.settle()
+            err.print(_one_line(_interrupted_line(exc)), highlight=False, soft_wrap=True)
+            sys.exit(exc.exit_code)
+        except (KeyboardInterrupt, typer.Abort):
+            interrupt.settle()
+            err.print("interrupted (SIGINT); rerun the command to start it again")
+            sys.exit(130)
+        finally:
+            from specbench import distributed
 
-        distributed.shutdown()
+            distributed.shutdown()
 
 
 if __name__ == "__main__":

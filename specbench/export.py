@@ -36,6 +36,7 @@ from typing import Callable, Sequence
 
 from specbench.errors import SpecbenchError
 from specbench.records import GenerationRecord
+from specbench.safe_files import atomic_text, check_output
 
 FORMATS = ("spec-bench",)
 BASELINE = "vanilla"
@@ -220,6 +221,9 @@ def export_spec_bench(results: str | Path, out_dir: str | Path | None = None, to
     out = Path(out_dir) if out_dir else path.parent / f"{path.stem}_spec-bench"
     labels = sorted({r.method for r in result.records})
     files = {label: out / f"{model_id}-{label.replace('/', '_')}-temperature-{temperature:g}.jsonl" for label in labels}
+    check_output(out, what="export --out", folder_ok=True)
+    for file in files.values():  # the results file itself, a device, a FIFO or a symlink is never written
+        check_output(file, [("RESULTS", path)], what="answer file")
     existing = [str(f) for f in files.values() if f.exists()]
     if existing and not overwrite:
         raise SpecbenchError(f"{existing[0]} already exists; pass --overwrite to replace the answer files")
@@ -230,5 +234,6 @@ def export_spec_bench(results: str | Path, out_dir: str | Path | None = None, to
     for label, file in files.items():
         rows = answer_rows([r for r in result.records if r.method == label], categories, f"{model_id}-{label}",
                            decode, stamp)
-        file.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
+        with atomic_text(file, "answer file") as fh:  # whole or not at all; an old file stays until then
+            fh.write("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
     return list(files.values())
