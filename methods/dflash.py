@@ -400,7 +400,8 @@ def _load_official(cls, folder: Path, raw: dict, target: Target) -> DFlashModel:
     if is_speculators(raw):  # vLLM speculators' layout, as z-lab's
         raw = speculators_dflash(raw, folder, target.num_layers)
     cfg = DFlashConfig.from_official(raw, str(folder / CONFIG))
-    if cfg.num_target_layers != target.num_layers:
+    # z-lab's loader does not need num_target_layers; where the config gives it, it must be this target's.
+    if raw.get("num_target_layers") and cfg.num_target_layers != target.num_layers:
         raise SpecbenchError(f"DFlash drafter {folder} was built for a {cfg.num_target_layers}-layer target but "
                              f"{target.name!r} has {target.num_layers}; use the drafter published for this target")
     _check(cfg, target, folder)

@@ -162,6 +162,8 @@ def test_target_layer_ids_and_mask_id_at_the_top_level(tmp_path, target):
     assert model.taps == (1, 3) and model.config.mask_token_id == MASK - 1
     edit_config(tmp_path, dflash_config={"target_layer_ids": [1, 3]})  # dflash_config wins, as z-lab reads it
     assert DFlashModel.load(tmp_path, target).taps == (2, 4)
+    edit_config(tmp_path, num_target_layers=None)  # z-lab's config need not name the target's depth
+    assert DFlashModel.load(tmp_path, target).taps == (2, 4)
 
 
 # ---- DFlash-2 ----------------------------------------------------------------------------------------
