@@ -360,8 +360,9 @@ def parity(
     if all_methods == (method is not None):
         raise SpecbenchError("parity needs one METHOD or --all (methods with a reference: "
                              f"{', '.join(available_references()) or 'none'})")
-    if all_methods and out is not None:
-        raise SpecbenchError("--out names one method's file; drop it with --all")
+    if all_methods and (out is not None or opt):
+        raise SpecbenchError("--out and --opt apply to one method; drop them with --all (each method runs its "
+                             "defaults, or the options its reference declares)")
     for name in list(available_references()) if all_methods else [method]:
         cfg = ParityConfig(method=name, bench=bench, limit=limit, max_new_tokens=max_new_tokens, target=target,
                            device=device, dtype=dtype, options=_parse_opts(opt, None), data_dir=data_dir,

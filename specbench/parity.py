@@ -58,6 +58,9 @@ class Reference(Protocol):
     name: str
     reference: str
     notes: str
+    # Optional: method options a parity run uses unless the user passes them (e.g. the one tree shape a
+    # reference can run); both sides get them.
+    options: dict
 
     def version(self) -> str: ...
 
@@ -161,8 +164,13 @@ def _side(tokens: list[int], accept: list[int], seconds: float, tokenizer) -> di
 def compare(ours: dict, ref: dict) -> dict:
     """Identical tokens; identical per-step accept lengths except the last step, which each side may
     cut differently at the token budget or EOS (tokens past it are not kept by either)."""
-    same_steps = ours["steps"] == ref["steps"] and ours["accept_lengths"][:-1] == ref["accept_lengths"][:-1]
-    return {"text_identical": ours["tokens"] == ref["tokens"], "accept_identical": same_steps}
+    a, b = ours["accept_lengths"], ref["accept_lengths"]
+    same_steps = ours["steps"] == ref["steps"] and a[:-1] == b[:-1]
+    differ = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
+    # where the accept lengths first differ (None: nowhere), and the tokens left in the budget there
+    left = None if differ is None else len(ours["tokens"]) - 1 - sum(n + 1 for n in a[:differ])
+    return {"text_identical": ours["tokens"] == ref["tokens"], "accept_identical": same_steps,
+            "first_accept_difference": differ, "tokens_left_there": left}
 
 
 def run_parity(cfg: ParityConfig, progress=None) -> Path:
@@ -182,6 +190,7 @@ def run_parity(cfg: ParityConfig, progress=None) -> Path:
     reference = reference_for(cfg.method)
     ref_version = reference.version()  # a missing package is refused here, before any model loads
     cls = method_class(cfg.method)
+    cfg = replace(cfg, options={**dict(getattr(reference, "options", None) or {}), **cfg.options})
     options = parse_options(cls, cfg.options)
     cls.check_references(options)
     device = resolve_device(cfg.device)

@@ -192,8 +192,8 @@ def test_dflash_layout_is_rejected_in_one_line_when_their_class_reads_it_otherwi
 def test_tau_counts_the_tokens_verify_steps_produced():
     assert tau_of([5, 6, 7, 8], 2) == 1.5  # the first token is the prefill's
     assert compare({"tokens": [1, 2], "accept_lengths": [0, 3], "steps": 2},
-                   {"tokens": [1, 2], "accept_lengths": [0, 1], "steps": 2}) == {"text_identical": True,
-                                                                                "accept_identical": True}
+                   {"tokens": [1, 2], "accept_lengths": [0, 1], "steps": 2}) == {
+        "text_identical": True, "accept_identical": True, "first_accept_difference": 1, "tokens_left_there": 0}
 
 
 # ---- the command ---------------------------------------------------------------------------
