@@ -147,3 +147,22 @@ def test_original_rule_greedy_equals_vanilla():
     drafter = PLDDrafter(PLDOptions(gamma=4, ngram=3, rule="original"))
     drafter.setup(target)
     assert generate(target, drafter, prompt, GenerationConfig(max_new_tokens=40)).new_tokens == want
+
+
+def test_drafts_stop_before_eos_as_transformers(monkeypatch):
+    """With an EOS id that occurs in the prompt, both cut drafts before it: the same steps and text."""
+    model = tiny_llama(seed=3, vocab=64, layers=2, eos=12)
+    theirs, their_matches = transformers_run(model, 10, 2, monkeypatch)
+    target = Target(tiny_llama(seed=3, vocab=64, layers=2, eos=12), tokenizer=None, name="tiny-3")
+    assert 12 in target.eos_token_ids
+    drafter = PLDDrafter(PLDOptions(gamma=10, ngram=2))
+    drafter.setup(target)
+    found, real = [], NgramIndex.continuation
+    monkeypatch.setattr(NgramIndex, "continuation", lambda self, *a: found.append(real(self, *a)) or found[-1])
+    record = generate(target, drafter, PROMPT, GenerationConfig(max_new_tokens=NEW))
+    assert sum(12 in draft for draft in found) >= 2  # drafts really were cut at EOS
+    assert record.new_tokens == theirs and their_matches[0] == 0
+    if record.stop_reason == "length":
+        assert record.accept_lengths[:-1] == their_matches[1:-1]
+    else:  # stopped at EOS: transformers' last step is cut there too
+        assert record.accept_lengths == their_matches[1:]
