@@ -83,3 +83,30 @@ def test_bad_options_are_one_line_errors(raw, needle):
 def test_budget_caps_the_step():
     assert LookaheadDrafter.budget_options(64) == {"budget": "64"}
     assert window_nodes(7, 5) == 27
+
+
+def test_a_step_pools_each_columns_ngram_and_moves_the_window_as_lade():
+    import torch
+
+    from specbench.drafter import VerifyResult
+
+    drafter = LookaheadDrafter(LookaheadOptions(window=4, ngram=4, guess=2))
+    drafter.eos = {43}
+    drafter.rng = __import__("random").Random(0)
+    drafter.levels = [[11, 12, 13], [21, 22, 23, 24], [31, 32, 33, 34]]
+    drafter.fill = 2
+    drafter.pool = NgramPool(2)
+    drafter.stats = {"window_accepted": 0, "guess_accepted": 0, "guess_nodes": 0, "steps_with_guess": 0}
+    tree = drafter._tree(7)
+    logits = torch.zeros(len(tree) + 1, 64)
+    for j, node in enumerate(drafter.top_nodes):
+        logits[node + 1, 40 + j] = 1.0  # the target's argmax after column j's top token: 40 + j
+    state = DecodeState(tokens=[1, 2, 7, 9], prompt_len=2, params=SamplingParams())
+    drafter.observe(state, VerifyResult(tree, [], [9], 9, logits, {}, 0))
+    # column 0's n-gram is keyed by the root, column j's by level 0's token before it
+    assert drafter.pool.get(7) == [(21, 31, 40)]
+    assert [drafter.pool.get(k) for k in (11, 12, 13)] == [[(22, 32, 41)], [(23, 33, 42)], [(24, 34, 43)]]
+    # the window moves one level: level 0 <- level 1 without its first token, top <- the new tokens
+    assert drafter.levels[0] == [22, 23, 24] and drafter.levels[1] == [31, 32, 33, 34]
+    top = drafter.levels[2]
+    assert top[:3] == [40, 41, 42] and top[3] != 43 and top[3] in state.tokens  # EOS redrawn from the text
