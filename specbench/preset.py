@@ -5,9 +5,11 @@ A preset names the paper's benches (with its prompt framing and sample selection
 temperatures, methods with their budgets, the published drafter of each method per target, and the
 paper's metric; every setting carries its source. A preset may ship named ``variants`` (e.g. the
 authors' released harness where it departs from the paper), listed as ``<preset>-<variant>``: the
-same file with the variant's method options and bench settings laid over it. ``build_plan`` turns a preset and a target into one
-``RunConfig`` per bench x temperature (plus a vanilla run per bench x temperature for each other attention
-implementation the preset's ``baseline_attn`` names), without loading any model; ``format_plan`` prints it
+same file with the variant's method options and bench settings laid over it.
+
+``build_plan`` turns a preset and a target into one ``RunConfig`` per bench x temperature (plus, for each
+other attention implementation the preset's ``baseline_attn`` names, a run per bench x temperature of
+vanilla and of the methods whose ``attn`` lists it), without loading any model; ``format_plan`` prints it
 (``--dry-run``); ``execute`` writes the framed prompt files and runs each config through ``Runner``.
 """
 
@@ -97,7 +99,8 @@ def apply_variant(raw: dict, variant: str, spec: dict) -> dict:
     unknown = sorted((set(changes) - {m["label"] for m in raw["methods"]})
                      | (set(bench_changes) - {b["bench"] for b in raw["benches"]}))
     if unknown:
-        raise SpecbenchError(f"preset variant {raw['name']} changes {', '.join(unknown)}, which the preset does not have")
+        raise SpecbenchError(f"preset variant {raw['name']} changes {', '.join(unknown)}, which the preset does not "
+                             "have")
     return raw
 
 
@@ -289,7 +292,8 @@ def _sides(preset: dict, entry: dict) -> tuple[list[dict], list[tuple[str, str]]
     paper_targets = {t["id"] for t in preset["targets"]}
     for m in preset["methods"]:
         if m.get("targets") and entry["id"] in paper_targets and entry["id"] not in m["targets"]:
-            skipped.append((m["label"], m.get("targets_note") or f"the paper has no {m['label']} row for {entry['id']}"))
+            why = m.get("targets_note") or f"the paper has no {m['label']} row for {entry['id']}"
+            skipped.append((m["label"], why))
             continue
         names = m.get("drafter") or []
         names = [names] if isinstance(names, str) else list(names)
