@@ -67,3 +67,22 @@ def test_bad_options_are_one_line_errors(raw, needle):
 def test_budget_sets_max_spec():
     assert SuffixDrafter.budget_options(12) == {"max_spec": "12"}
     assert SuffixDrafter.learns  # its memory follows the stream: no warm-up, no --repeats
+
+
+@needs_arctic
+@pytest.mark.parametrize("tree", [True, False])
+def test_the_prompts_suffix_tree_drafts_a_frequency_tree(tree):
+    """"5 1 2" was followed by 3 twice and by 4 once in the prompt: a tree holds both, a chain the likelier."""
+    from specbench.drafter import DecodeState
+    from specbench.verify import SamplingParams
+
+    target = tiny_target(0, vocab=48)
+    drafter = SuffixDrafter(SuffixOptions(tree=tree, spec_factor=4.0))
+    drafter.setup(target)
+    prompt = [5, 1, 2, 3, 9, 5, 1, 2, 4, 8, 5, 1, 2, 3, 9, 7, 5, 1]
+    state = DecodeState(tokens=prompt + [2], prompt_len=len(prompt), params=SamplingParams())
+    drafter.begin(state, None)
+    draft = drafter.propose(state)
+    first = [draft.token_list[i] for i in draft.child_indices(-1)]
+    assert first[0] == 3 and (sorted(first) == [3, 4]) == tree
+    assert draft.token_list[draft.child_indices(draft.token_list.index(3))[0]] == 9  # 3 was followed by 9
