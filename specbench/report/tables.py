@@ -96,6 +96,24 @@ def resolution_note(cells: pd.DataFrame) -> str | None:
             "(aa_table) show the same spread for vanilla against itself")
 
 
+def _ideal_note(cells: pd.DataFrame) -> str:
+    """Where the Ideal column's target forward times came from: the hardware's measured cost curve, or the run."""
+    sources = set(cells.get("ideal_source", pd.Series(dtype=str)).dropna()) - {""}
+    if sources == {"curve"}:
+        where = ("the target's forwards priced by this hardware's measured cost curve (cost_table: t(rows) after a "
+                 "prefix, measured apart from the runs), the drafter's from the run; Eff. = measured decode-only "
+                 "speedup / ideal: how close the method comes to what this machine allows")
+    elif "curve" in sources:
+        where = ("the target's forwards from this hardware's measured cost curve where it covers the verify sizes "
+                 "(cost_table), else from the run's own forward times (ideal_source in the CSV); Eff. = measured "
+                 "decode-only speedup / ideal")
+    else:
+        where = ("the run's own measured forward times (no cost curve for this hardware: bench/forward_cost.py); "
+                 "Eff. = measured decode-only speedup / ideal (overhead beyond the run's model forwards only)")
+    return f"Ideal = τ · t_vanilla_step / (t_draft + t_verify) per verify call (specbench/cost_model.py), {where}; " \
+           "both means over benchmarks"
+
+
 def _speedup_table(name: str, title: str, spd_note: str, cells: pd.DataFrame, methods: pd.DataFrame,
                    provenance: Sequence[str], bold: frozenset, loaded: frozenset,
                    means: pd.DataFrame | None = None) -> Table:
@@ -154,9 +172,7 @@ def _speedup_table(name: str, title: str, spd_note: str, cells: pd.DataFrame, me
              f"paired bootstrap interval (over conversations, {BOLD_REPS} resamples) against the runner-up of the "
              "same results file lies above 1 (Mean: pooled over the benchmarks); a runner-up from another file "
              "(another run) leaves the column without bold",
-             "Ideal = τ · t_vanilla_step / (t_draft + t_verify) from the measured forward times per verify call "
-             "(see specbench/cost_model.py); Eff. = measured decode-only speedup / ideal (overhead beyond model "
-             "forwards); both means over benchmarks",
+             _ideal_note(cells),
              "Greedy = share of T = 0 turns (n) whose text equals vanilla's token for token"]
     if (resolution := resolution_note(cells)) is not None:
         notes.append(resolution)
