@@ -77,9 +77,9 @@ class LookaheadOptions:
     def check(self, owner: str) -> None:
         need = window_nodes(self.window, self.ngram)
         if self.budget and need >= self.budget:
-            raise SpecbenchError(f"{owner}: the window (W={self.window}, N={self.ngram}) needs {need} nodes, which leaves "
-                                 f"no room for guesses within budget={self.budget}; lower window or ngram, or raise "
-                                 f"the budget above {need}")
+            raise SpecbenchError(f"{owner}: the window (W={self.window}, N={self.ngram}) needs {need} nodes, which "
+                                 f"leaves no room for guesses within budget={self.budget}; lower window or ngram, or "
+                                 f"raise the budget above {need}")
 
 
 class NgramPool:

@@ -158,7 +158,8 @@ def test_drafts_stop_before_eos_as_transformers(monkeypatch):
     drafter = PLDDrafter(PLDOptions(gamma=10, ngram=2))
     drafter.setup(target)
     found, real = [], NgramIndex.continuation
-    monkeypatch.setattr(NgramIndex, "continuation", lambda self, *a, **k: found.append(real(self, *a, **k)) or found[-1])
+    monkeypatch.setattr(NgramIndex, "continuation",
+                        lambda self, *a, **k: found.append(real(self, *a, **k)) or found[-1])
     record = generate(target, drafter, PROMPT, GenerationConfig(max_new_tokens=NEW))
     assert sum(12 in draft for draft in found) >= 2  # drafts really were cut at EOS
     assert record.new_tokens == theirs and their_matches[0] == 0
