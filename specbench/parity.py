@@ -216,7 +216,6 @@ def run_parity(cfg: ParityConfig, progress=None) -> Path:
                              f"{cfg.max_new_tokens}; lower it")
 
     out = Path(cfg.out) if cfg.out else default_out(cfg)
-    out.parent.mkdir(parents=True, exist_ok=True)
     header = {"type": "header", "kind": "parity", "method": cfg.method, "reference": reference.reference,
               "reference_version": ref_version, "notes": reference.notes, "bench": prompts[0].bench,
               "target": target.name, "dtype": dtype, "dtype_reason": dtype_reason,
@@ -228,6 +227,7 @@ def run_parity(cfg: ParityConfig, progress=None) -> Path:
     generate(target, drafter, warm, GenerationConfig(WARMUP_TOKENS, SamplingParams(0.0), seed=0))
     reference.generate(warm, WARMUP_TOKENS)
 
+    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
         fh.write(json.dumps(header) + "\n")

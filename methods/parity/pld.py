@@ -1,8 +1,8 @@
 """PLD against transformers' own prompt lookup (``generate(prompt_lookup_num_tokens=...)``), with the
 same settings: ``gamma`` -> prompt_lookup_num_tokens, ``ngram`` -> max_matching_ngram_size. It runs
-through the same harness as SpS's reference (methods/parity/sps.py): our timed prefill gives the first
-token and ``generate`` continues from prompt + that token, so both sides look up the same text at
-every step (without it transformers' first lookup would not see the first token)."""
+through the same harness as SpS's reference (methods/parity/sps.py): our prefill gives the KV cache and
+the first token, and ``generate`` continues from prompt + that token, so both sides look up the same text
+at every step (without it transformers' first lookup would not see the first token)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,8 @@ class TransformersPromptLookup:
     name = "pld"
     reference = "transformers prompt lookup"
     notes = ("transformers' generate(prompt_lookup_num_tokens=gamma, max_matching_ngram_size=ngram) continuing from "
-             "prompt + the prefill's first token (so both sides look up the same text at every step); its assisted "
-             "loop re-reads the prompt in its first verify, and the separately timed prefill of that prompt is "
-             "subtracted from its decode time. By design it drafts fewer tokens when fewer remain in the budget.")
+             "the KV cache of our prefill, prompt + its first token (so both sides look up the same text at every "
+             "step; a forward pre-hook hands its first verify only the rows the cache lacks). By design it drafts fewer tokens when fewer remain in the budget.")
 
     def version(self) -> str:
         return package_version("transformers")

@@ -4,18 +4,19 @@ The assistant is our SpS draft model itself (the very module our drafter runs), 
 ``gamma`` tokens per step on the "constant" schedule with the confidence threshold off, which is
 the classic SpS chain. Our engine takes the first token from the prompt's prefill and drafts after
 it; transformers' loop drafts straight after the prompt and merges the prefill into its first
-verify. To compare step by step, the prompt's prefill runs first (one timed target forward giving
-the first token) and ``generate`` continues from prompt + that token, so step k of both sides
-drafts from the same prefix. Transformers' assisted loop cannot continue a pre-filled KV cache (it
-feeds the whole input to its first verify), so its first verify re-reads the prompt; the timed
-prefill forward of the same prompt is charged back from its decode time. Per-step accept lengths
-come from a streamer: assisted generation puts each step's kept tokens (accepted drafts + bonus) in
-one call.
+verify. To compare step by step, the prompt's prefill runs first (one target forward into a KV
+cache, as our engine's, giving the first token) and ``generate`` continues that cache from prompt +
+that token, so step k of both sides drafts from the same prefix and verifies the same rows.
+Transformers' assisted loop does not slice a pre-filled cache off its first verify's input (plain
+``generate`` does), so a forward pre-hook (``continue_cache``) hands the model only the new rows.
+Per-step accept lengths come from a streamer: assisted generation puts each step's kept tokens
+(accepted drafts + bonus) in one call.
 """
 
 from __future__ import annotations
 
 import copy
+from contextlib import contextmanager
 from typing import Sequence
 
 import torch
@@ -46,25 +47,57 @@ class StepLengths:
         return self.puts[1:]
 
 
-def prefill_first_token(target, prompt_ids: Sequence[int]) -> tuple[torch.Tensor, int, float]:
-    """One timed target forward over the prompt (last row's logits only, as a prefill computes) ->
-    (ids [1, n], greedy first token, seconds)."""
+def prefill(target, prompt_ids: Sequence[int]):
+    """The prompt's prefill, as our engine's: one target forward into a fresh cache (last row's logits)
+    -> (ids [1, n], cache, greedy first token)."""
     from transformers import DynamicCache
 
     ids = torch.as_tensor(list(prompt_ids), dtype=torch.long, device=target.device).reshape(1, -1)
+    cache = DynamicCache()
     keep = {target._keep_kw: 1} if target._keep_kw else {}
     with torch.inference_mode():
-        out, seconds = timed_call(target.device, target.model, input_ids=ids, use_cache=True,
-                                  **kvcache.cache_arg(target.model, DynamicCache()), **keep)
-    return ids, int(out.logits[0, -1].argmax()), seconds
+        out = target.model(input_ids=ids, use_cache=True, **kvcache.cache_arg(target.model, cache), **keep)
+    return ids, cache, int(out.logits[0, -1].argmax())
+
+
+SEQUENCE_KWARGS = ("position_ids", "cache_position", "token_type_ids")
+
+
+@contextmanager
+def continue_cache(model, cache):
+    """Make transformers' assisted loop continue a pre-filled cache. Its first verify feeds the whole
+    sequence (it bypasses the prefill step that slices off what the cache holds), which would write the
+    prompt into the cache a second time; this pre-hook hands the model only the rows the cache lacks
+    (and their positions), as a plain ``generate`` does. Later calls are left alone."""
+
+    def only_new_rows(module, args, kwargs):
+        ids, held = kwargs.get("input_ids"), cache.get_seq_length()
+        if ids is None or held == 0 or ids.shape[1] <= held or module.__dict__.get("_parity_done"):
+            return None
+        module.__dict__["_parity_done"] = True
+        width = ids.shape[1]
+        kwargs = dict(kwargs, input_ids=ids[:, held:])
+        for key in SEQUENCE_KWARGS:
+            value = kwargs.get(key)
+            if isinstance(value, torch.Tensor) and value.shape[-1] == width:
+                kwargs[key] = value[..., held:]
+        return args, kwargs
+
+    handle = model.register_forward_pre_hook(only_new_rows, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
+        model.__dict__.pop("_parity_done", None)
 
 
 def assisted_generate(target, prompt_ids: Sequence[int], max_new_tokens: int, **assist) -> ReferenceOutput:
-    """Greedy ``generate`` with ``assist`` (assistant_model=... or prompt_lookup_num_tokens=...) from the
-    prompt + its prefill's first token; decode seconds = the ``generate`` call less the prefill it redoes."""
+    """Greedy ``generate`` with ``assist`` (assistant_model=... or prompt_lookup_num_tokens=...) continuing
+    our prefill of the prompt (its KV cache, and its greedy first token appended); decode seconds = the
+    ``generate`` call."""
     from transformers import GenerationConfig
 
-    ids, first, prefill_seconds = prefill_first_token(target, prompt_ids)
+    ids, cache, first = prefill(target, prompt_ids)
     eos = sorted(target.eos_token_ids)
     if first in eos or max_new_tokens <= 1:
         return ReferenceOutput([first], [], 0.0)
@@ -72,21 +105,19 @@ def assisted_generate(target, prompt_ids: Sequence[int], max_new_tokens: int, **
     config = GenerationConfig(max_new_tokens=max_new_tokens - 1, do_sample=False, eos_token_id=eos or None,
                               pad_token_id=eos[0] if eos else None)
     streamer = StepLengths()
-    with torch.inference_mode():
+    cache_kw = kvcache.cache_keyword(type(target.model).forward)
+    with torch.inference_mode(), continue_cache(target.model, cache):
         out, seconds = timed_call(target.device, target.model.generate, full, attention_mask=torch.ones_like(full),
-                                  generation_config=config, streamer=streamer, **assist)
+                                  generation_config=config, streamer=streamer, **{cache_kw: cache}, **assist)
     tokens = [first] + out[0, full.shape[1]:].tolist()
-    return ReferenceOutput(tokens, [n - 1 for n in streamer.steps], max(seconds - prefill_seconds, 0.0))
+    return ReferenceOutput(tokens, [n - 1 for n in streamer.steps], seconds)
 
 
 class TransformersAssisted:
     name = "sps"
     reference = "transformers assisted generation"
     notes = ("transformers' generate(assistant_model=...) with our SpS draft model (the same module) drafting gamma "
-             "tokens on the constant schedule (our schedule=heuristic[_transient]: transformers' own schedule of that name), confidence threshold off. generate continues from prompt + the "
-             "prefill's first token, so both sides verify the same rows step by step; its assisted loop cannot "
-             "continue a pre-filled KV cache and re-reads the prompt in its first verify, so the separately timed "
-             "prefill of that prompt is subtracted from its decode time. By design transformers drafts fewer "
+             "tokens on the constant schedule (our schedule=heuristic[_transient]: transformers' own schedule of that name), confidence threshold off. generate continues the KV cache of our prefill from prompt + its first token, so both sides verify the same rows step by step (a forward pre-hook hands its first verify only the rows the cache lacks: its assisted loop does not slice a pre-filled cache the way plain generate does). By design transformers drafts fewer "
              "tokens when fewer remain in the budget (the last step only), and it runs its logits processors and "
              "stopping criteria on every step.")
 
