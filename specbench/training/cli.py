@@ -125,6 +125,11 @@ def data(
     from specbench.training.data import _prompt_digest, export_responses
     from specbench.training.fit import load_data, load_target
 
+    if export is not None:  # refused before the target loads: the prompts, a device, a FIFO, a symlink
+        from specbench.safe_files import check_output
+
+        check_output(export, [("--prompts", prompts), ("--prompts", prompt_file(prompts, data_dir)),
+                              ("--target", target)], what="--export")
     t = load_target(target, training_dtype(dtype, device), device)
     out, examples = load_data(t, prompts, data_dir, limit, max_new_tokens, batch_size, temperature, max_prompt_tokens)
     tokens = sum(len(e["response_ids"]) for e in examples)
