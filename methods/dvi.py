@@ -57,7 +57,8 @@ class DVIOptions:
     layer: int = option(2, "Layers [0, layer) draft; the rest verify.", ge=1)
     k: int = option(4, "Drafts per verify call.", ge=1, tokens=True)
     learn: bool = option(True, "false = frozen head (a no-learning baseline).")
-    objective: Objective = option("kl-rl", "Training signal: KL then RL (the paper), or KL, policy gradient or CE only.")
+    objective: Objective = option("kl-rl", "kl-rl: KL then RL (DVI); kl, pg, ce: the paper's single-objective "
+                                           "ablations (distillation, REINFORCE, reward-masked CE).")
     lr: float = option(5e-4, "AdamW learning rate of the LoRA head.", ge=0)
     weight_decay: float = option(0.01, "AdamW weight decay.", ge=0)
     rank: int = option(8, "LoRA rank.", ge=1)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import types
 import typing
 from dataclasses import dataclass
 from typing import Annotated, Any, Callable, Literal, Union
@@ -99,8 +100,8 @@ class Declared:
 
     def range_text(self) -> str:
         """The declared range in one short phrase ("" when there is none): ">= 1", "in [0, 1)"."""
-        low = (f"{_num(self.ge)}", "[") if self.ge is not None else (f"{_num(self.gt)}", "(") if self.gt is not None else None
-        high = (f"{_num(self.le)}", "]") if self.le is not None else (f"{_num(self.lt)}", ")") if self.lt is not None else None
+        low = (_num(self.ge), "[") if self.ge is not None else (_num(self.gt), "(") if self.gt is not None else None
+        high = (_num(self.le), "]") if self.le is not None else (_num(self.lt), ")") if self.lt is not None else None
         if self.tokens and high is None:
             high = ("the target's context", "]")
         if low and high:
@@ -135,7 +136,7 @@ def _num(value: float) -> str:
 
 
 def _without_none(tp: Any) -> Any:
-    if typing.get_origin(tp) in (Union, getattr(__import__("types"), "UnionType", Union)):
+    if typing.get_origin(tp) in (Union, types.UnionType):  # Optional[X] and X | None
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         if len(args) == 1 and len(args) < len(typing.get_args(tp)):
             return args[0]
@@ -146,7 +147,7 @@ def _without_none(tp: Any) -> Any:
 def declared(options_cls: type) -> tuple[Declared, ...]:
     """The options of a declaration in field order, with help and bounds inherited where a subclass
     only redeclares the default."""
-    types = typing.get_type_hints(options_cls)
+    hints = typing.get_type_hints(options_cls)
     result = []
     for f in dataclasses.fields(options_cls):
         meta: dict = {}
@@ -156,7 +157,7 @@ def declared(options_cls: type) -> tuple[Declared, ...]:
                 meta.update({k: v for k, v in own.metadata.items() if v is not None})
         default = f.default if f.default is not _MISSING else (
             f.default_factory() if f.default_factory is not _MISSING else _MISSING)
-        result.append(Declared(f.name, types[f.name], default, meta.get("help") or "", meta.get("ge"), meta.get("gt"),
+        result.append(Declared(f.name, hints[f.name], default, meta.get("help") or "", meta.get("ge"), meta.get("gt"),
                                meta.get("le"), meta.get("lt"), bool(meta.get("tokens")), meta.get("note") or ""))
     return tuple(result)
 
@@ -286,9 +287,9 @@ def check_context(options: Any, owner: str, context: int, max_new_tokens: int) -
     for option in declared(type(options)):
         value = getattr(options, option.name)
         if option.tokens and isinstance(value, int) and value > room:
-            raise SpecbenchError(f"{owner}: option {option.name}={value} does not fit the target's context of {context} "
-                                 f"tokens beside --max-new-tokens {max_new_tokens} (at most {max(room, 0)}); lower "
-                                 f"{option.name} or --max-new-tokens")
+            raise SpecbenchError(f"{owner}: option {option.name}={value} does not fit the target's context of "
+                                 f"{context} tokens beside --max-new-tokens {max_new_tokens} (at most {max(room, 0)}); "
+                                 f"lower {option.name} or --max-new-tokens")
 
 
 def describe(options_cls: type) -> list[dict[str, str]]:

@@ -50,7 +50,8 @@ def trainer_command(name: str, trainer):
     for f in option_fields(trainer):
         option = declared[f.name]
         default = typer.Option(_default(f), help=opts.help_text(option))
-        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=option.type, default=default))
+        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=option.type,
+                                        default=default))
 
     def command(**values) -> None:
         run_trainer(trainer, values)
