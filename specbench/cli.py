@@ -363,6 +363,7 @@ def parity(
     if all_methods and (out is not None or opt):
         raise SpecbenchError("--out and --opt apply to one method; drop them with --all (each method runs its "
                              "defaults, or the options its reference declares)")
+    refused: list[str] = []
     for name in list(available_references()) if all_methods else [method]:
         cfg = ParityConfig(method=name, bench=bench, limit=limit, max_new_tokens=max_new_tokens, target=target,
                            device=device, dtype=dtype, options=_parse_opts(opt, None), data_dir=data_dir,
@@ -373,9 +374,18 @@ def parity(
                       f"τ {line['ours']['tau']:.2f} / {line['ref']['tau']:.2f}, "
                       f"decode {line['ours']['decode_s']:.2f}s / {line['ref']['decode_s']:.2f}s", highlight=False)
 
-        written = run_parity(cfg, progress=shown)
+        try:
+            written = run_parity(cfg, progress=shown)
+        except SpecbenchError as exc:
+            if not all_methods:
+                raise
+            refused.append(name)  # --all: say why, go on with the other methods
+            err.print(f"[red]error:[/] {_one_line(str(exc))}", highlight=False, soft_wrap=True)
+            continue
         console.print(f"records: {written}")
-    console.print(f"table: {table_folder(cfg, written) / 'parity_table.md'}")
+        console.print(f"table: {table_folder(cfg, written) / 'parity_table.md'}")
+    if refused:
+        raise SpecbenchError(f"parity refused {', '.join(refused)} (the lines above say why); the table has the others")
 
 
 @app.command()

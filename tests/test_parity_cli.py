@@ -278,3 +278,7 @@ def test_a_drafter_layout_the_reference_rejects_is_refused(models, capsys, tmp_p
 
 def test_parity_needs_one_method_or_all(capsys, tmp_path, monkeypatch):
     assert "one METHOD or --all" in refused([], capsys, tmp_path, monkeypatch)
+
+
+def test_all_takes_no_per_method_options(capsys, tmp_path, monkeypatch):
+    assert "apply to one method" in refused(["--all", "--opt", "gamma=3"], capsys, tmp_path, monkeypatch)
