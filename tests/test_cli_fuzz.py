@@ -12,12 +12,15 @@ import inspect
 import json
 import os
 import re
+import typing
 from collections import Counter
 from pathlib import Path
+from typing import Literal
 
 import typer.main
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from specbench import options
 from specbench.cli import app
 from specbench.registry import available_methods, method_class
 from specbench.target import Target
@@ -44,6 +47,21 @@ def _leaf_commands():
 COMMANDS = _leaf_commands()
 METHODS = sorted(available_methods())
 OPTION_FIELDS = {m: {f.name: str(f.type) for f in dataclasses.fields(method_class(m).Options)} for m in METHODS}
+
+
+def _declared_values(option) -> list[str]:
+    """Values at and just past an option's declared range, and its Literal choices (and a near miss)."""
+    element = option.element
+    if typing.get_origin(element) is Literal:
+        return [*map(str, typing.get_args(element)), str(typing.get_args(element)[0]).upper()]
+    edges = [bound for bound in (option.ge, option.gt, option.le, option.lt) if bound is not None]
+    if option.tokens:
+        edges.append(options.LONGEST_CONTEXT)
+    step = 1 if element is int else 1e-9
+    return [str(v) for edge in edges for v in (edge - step, edge, edge + step)]
+
+
+DECLARED = {m: {d.name: _declared_values(d) for d in options.declared(method_class(m).Options)} for m in METHODS}
 
 
 def _kind(cmd, param) -> str:
@@ -115,7 +133,8 @@ def method_opt(draw, method: str, paths: dict[str, str]):
     key = draw(st.sampled_from(sorted(fields) + ["gama", "", "top-k"])) if fields else draw(_text(6))
     kind = fields.get(key, "str")
     kind = "float" if "float" in kind else "int" if "int" in kind and "list" not in kind else "str"
-    value = draw(values(kind, key, paths))
+    edges = DECLARED.get(method, {}).get(key)
+    value = draw(st.sampled_from(edges)) if edges and draw(st.booleans()) else draw(values(kind, key, paths))
     return f"{key}={value}"
 
 
