@@ -283,7 +283,8 @@ def list_methods(method: Optional[str] = typer.Argument(None, help="A method: li
         _list_options(method_class(method))
         return
     command_of = {trainer: command for command, trainer in registered_trainers().items()}
-    table = Table("method", "label", "ablation of", "--budget B sets", "train", "implementation")
+    table = Table("method", "label", "ablation of", "--budget B sets", "train", "implementation",
+                  caption="a method's options (type, default, range, help): specbench list methods NAME")
     for name, where in available_methods().items():
         try:
             cls = method_class(name)
