@@ -14,11 +14,17 @@ timed phases and without a forward of its own. At position i the method committe
 * vanilla margin v = l_V[b] − l_V[a]  (≥ 0: b won there).
 
 The two sides computed the same quantity, the gap l[a] − l[b] of one context, and got −v and +m: the
-computations disagree by m + v. A logit stored in a dtype with unit roundoff u (2^-8 bf16, 2^-11 fp16,
-2^-24 fp32: ``torch.finfo(dtype).eps / 2``) is off by up to u·|l| from its rounding alone, and the
-forward that produced it rounds at least once more at that relative size (the final norm's output and
-the lm_head's product are both stored in the dtype). So each side's gap carries up to
-``ROUNDINGS`` · u · (|l[a]| + |l[b]|) = δ_side, and the divergence is a near-tie when
+computations disagree by m + v. How far may two correct forwards disagree? A value stored in a dtype with
+unit roundoff u (2^-8 bf16, 2^-11 fp16, 2^-24 fp32: ``torch.finfo(dtype).eps / 2``) is off by up to u
+relative to its size. On its way to a logit the residual stream is rounded to the dtype after each of the
+two additions of every decoder layer (attention, MLP), and the final norm and the lm_head product are
+stored in it too: 2L + 2 roundings for L layers. A batched verify and a one-row step round in different
+orders, so their errors are independent and add like a random walk: a logit carries about
+√(2L + 2) · u · |l| (``roundings``), and each side's gap
+
+    δ_side = √(2L + 2) · u · (|l[a]| + |l[b]|);
+
+the divergence is a near-tie when
 
     m + v ≤ δ_method + δ_vanilla,
 
@@ -28,7 +34,9 @@ outside the other side's K best gives only a lower bound on its margin: unexplai
 
 ``noise`` (the largest |l_M[t] − l_V[t]| of the committed token t over the positions before i, where
 both sides agree) and ``noise_roundings`` (the same in units of u·|l|) show how far the two forwards
-actually disagree on this turn, so δ can be checked against the data: δ allows ROUNDINGS per logit.
+actually disagree on this turn, so δ can be checked against the data: δ allows ``roundings`` per logit
+(SmolLM2-135M, L = 30: 7.9; its bf16 verifies on a CPU with AMX disagreed with the one-row step by up to
+5.2 on the tokens both committed).
 
 A later turn of a conversation whose earlier turn diverged has another prompt on each side (each
 renders its own earlier answers), so its tokens are not compared: it takes the earlier turn's status
@@ -43,7 +51,6 @@ from typing import Iterable, Sequence
 import torch
 
 TOP_K = 4  # logits kept per committed token (the other side's token must be among them)
-ROUNDINGS = 2  # roundings of relative size u per logit: its own storage in the dtype, and the product that made it
 
 IDENTICAL, NEAR_TIE, UNEXPLAINED, UNCHECKED = "identical", "near-tie", "unexplained", "unchecked"
 STATUSES = (IDENTICAL, NEAR_TIE, UNEXPLAINED, UNCHECKED)
@@ -88,9 +95,22 @@ def unit_roundoff(dtype: str | torch.dtype) -> float:
     return torch.finfo(dtype).eps / 2
 
 
-def tolerance(dtype: str | torch.dtype, a: float, b: float) -> float:
-    """δ of one side: the rounding its gap l[a] − l[b] can carry in ``dtype``."""
-    return ROUNDINGS * unit_roundoff(dtype) * (abs(a) + abs(b))
+def roundings(layers: int) -> float:
+    """The accumulated rounding of one logit in units of u·|l|: 2L + 2 independent roundings (two residual
+    additions per layer, the final norm, the lm_head) adding like a random walk."""
+    return math.sqrt(2 * max(int(layers), 0) + 2)
+
+
+def layers_of(model) -> int:
+    """The decoder layers of a transformers model (0 when its config does not say)."""
+    config = getattr(model, "config", None)
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return int(getattr(config, "num_hidden_layers", 0) or 0)
+
+
+def tolerance(dtype: str | torch.dtype, a: float, b: float, layers: int) -> float:
+    """δ of one side: the rounding its gap l[a] − l[b] can carry in ``dtype`` after ``layers`` layers."""
+    return roundings(layers) * unit_roundoff(dtype) * (abs(a) + abs(b))
 
 
 def first_difference(ours: Sequence[int], theirs: Sequence[int]) -> int | None:
@@ -128,8 +148,9 @@ def _margin(top: TopLogits, i: int, winner: int, loser: int) -> tuple[float, boo
 
 
 def classify(method_tokens: Sequence[int], vanilla_tokens: Sequence[int], method_top: TopLogits | None,
-             vanilla_top: TopLogits | None, dtype: str | torch.dtype) -> dict:
-    """The divergence record of one method turn against vanilla's same turn (same prompt, T = 0)."""
+             vanilla_top: TopLogits | None, dtype: str | torch.dtype, layers: int) -> dict:
+    """The divergence record of one method turn against vanilla's same turn (same prompt, T = 0) of a
+    target with ``layers`` decoder layers."""
     i = first_difference(method_tokens, vanilla_tokens)
     u = unit_roundoff(dtype)
     if method_top is None or vanilla_top is None:
@@ -144,11 +165,11 @@ def classify(method_tokens: Sequence[int], vanilla_tokens: Sequence[int], method
     a, b = int(method_tokens[i]), int(vanilla_tokens[i])
     m, m_exact, ma, mb = _margin(method_top, i, a, b)
     v, v_exact, vb, va = _margin(vanilla_top, i, b, a)
-    delta = tolerance(dtype, ma, mb) + tolerance(dtype, va, vb) if m_exact and v_exact else math.nan
+    delta = tolerance(dtype, ma, mb, layers) + tolerance(dtype, va, vb, layers) if m_exact and v_exact else math.nan
     near = m_exact and v_exact and m + v <= delta
     return {"status": NEAR_TIE if near else UNEXPLAINED, "position": i, "method_token": a, "vanilla_token": b,
             "method_margin": m, "vanilla_margin": v, "method_margin_exact": m_exact, "vanilla_margin_exact": v_exact,
-            "tolerance": delta, **out}
+            "tolerance": delta, "roundings": roundings(layers), **out}
 
 
 def inherited(earlier: dict, turn: int) -> dict:

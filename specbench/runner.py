@@ -453,7 +453,8 @@ class Runner:
         else:
             record.divergence = divergence.classify(record.new_tokens, base.new_tokens,
                                                     getattr(record, "top_logits", None),
-                                                    getattr(base, "top_logits", None), self.target.dtype)
+                                                    getattr(base, "top_logits", None), self.target.dtype,
+                                                    divergence.layers_of(self.target.model))
         self.store.append(record)
 
     def _release_held(self) -> None:

@@ -33,38 +33,41 @@ def _pairs(target: Target, n: int, max_new: int = 40) -> list[dict]:
     out = []
     for prompt in _prompts(n):
         ours, base = generate(target, drafter, prompt, config), generate(target, vanilla, prompt, config)
-        out.append(classify(ours.new_tokens, base.new_tokens, ours.top_logits, base.top_logits, target.dtype))
+        out.append(classify(ours.new_tokens, base.new_tokens, ours.top_logits, base.top_logits, target.dtype,
+                            divergence.layers_of(target.model)))
     return out
 
 
 def test_margins_decide_near_tie_or_unexplained():
-    u = divergence.unit_roundoff("bfloat16")
+    u = divergence.unit_roundoff("bfloat16")  # with 30 layers a logit near 3 may carry √62 · u · 3 ≈ 0.09
     base = TopLogits([[5, 7, 1, 2], [9, 3, 1, 2]], [[10.0, 9.0, 1.0, 0.0], [4.0, 3.0, 2.0, 1.0]])
     tie = TopLogits([[5, 7, 1, 2], [3, 9, 1, 2]], [[10.0, 9.0, 1.0, 0.0], [3.0 + 4 * u, 3.0, 2.0, 1.0]])
     far = TopLogits([[5, 7, 1, 2], [3, 9, 1, 2]], [[10.0, 9.0, 1.0, 0.0], [5.0, 3.0, 2.0, 1.0]])
-    out = classify([5, 3], [5, 9], tie, base, "bfloat16")
+    out = classify([5, 3], [5, 9], tie, base, "bfloat16", 30)
     # vanilla's margin 1.0 (9 over 3 at position 1) is far beyond bf16 rounding of logits near 3-4
     assert out["status"] == UNEXPLAINED and out["position"] == 1 and out["vanilla_margin"] == pytest.approx(1.0)
     close = TopLogits([[5, 7, 1, 2], [9, 3, 1, 2]], [[10.0, 9.0, 1.0, 0.0], [3.0 + 2 * u, 3.0, 2.0, 1.0]])
-    near = classify([5, 3], [5, 9], tie, close, "bfloat16")
+    near = classify([5, 3], [5, 9], tie, close, "bfloat16", 30)
     assert near["status"] == NEAR_TIE and near["method_margin"] + near["vanilla_margin"] <= near["tolerance"]
-    assert classify([5, 3], [5, 9], far, close, "bfloat16")["status"] == UNEXPLAINED
+    assert classify([5, 3], [5, 9], far, close, "bfloat16", 30)["status"] == UNEXPLAINED
     # the same gaps in fp32 are far beyond its rounding
-    assert classify([5, 3], [5, 9], tie, close, "float32")["status"] == UNEXPLAINED
+    assert classify([5, 3], [5, 9], tie, close, "float32", 30)["status"] == UNEXPLAINED
     # the other side's token outside its K best: only a lower bound, never a near-tie
     outside = TopLogits([[5, 7, 1, 2], [3, 8, 1, 2]], [[10.0, 9.0, 1.0, 0.0], [3.0, 3.0, 2.0, 1.0]])
-    assert classify([5, 3], [5, 9], outside, close, "bfloat16")["method_margin_exact"] is False
-    assert classify([5, 3], [5, 9], outside, close, "bfloat16")["status"] == UNEXPLAINED
-    assert classify([5, 9], [5, 9], base, base, "bfloat16") == {"status": "identical", "noise": 0.0,
+    assert classify([5, 3], [5, 9], outside, close, "bfloat16", 30)["method_margin_exact"] is False
+    assert classify([5, 3], [5, 9], outside, close, "bfloat16", 30)["status"] == UNEXPLAINED
+    assert classify([5, 9], [5, 9], base, base, "bfloat16", 30) == {"status": "identical", "noise": 0.0,
                                                                 "noise_roundings": 0.0}
-    assert classify([5, 3], [5, 9], None, base, "bfloat16")["status"] == "unchecked"
+    assert classify([5, 3], [5, 9], None, base, "bfloat16", 30)["status"] == "unchecked"
 
 
 def test_delta_follows_the_dtype():
     assert divergence.unit_roundoff(torch.bfloat16) == 2**-8
     assert divergence.unit_roundoff("float16") == 2**-11
     assert divergence.unit_roundoff("float32") == 2**-24
-    assert divergence.tolerance("bfloat16", 20.0, -20.0) == pytest.approx(divergence.ROUNDINGS * 40 * 2**-8)
+    assert divergence.roundings(30) == pytest.approx(62 ** 0.5) and divergence.roundings(0) == pytest.approx(2 ** 0.5)
+    assert divergence.tolerance("bfloat16", 20.0, -20.0, 30) == pytest.approx(62 ** 0.5 * 40 * 2**-8)
+    assert divergence.layers_of(tiny_llama(0)) == 2
 
 
 def test_fp32_turns_are_identical():

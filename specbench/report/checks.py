@@ -123,14 +123,15 @@ def divergence_table(files: Sequence[ResultFile], provenance: Sequence[str] = ()
             for r in frame.itertuples()]
     notes = ["Each T = 0 method turn against vanilla's same turn: identical text; near-tie = at the first differing "
              "position both sides' logit margins between the two tokens add up to no more than the dtype's rounding "
-             f"of those logits ({divergence.ROUNDINGS} roundings of relative size u per logit per side, u = eps/2 of "
-             "the dtype: 2^-8 bf16, 2^-24 fp32), each token among the other side's "
+             "of those logits (per side √(2L+2) · u · (|l_a| + |l_b|): 2L+2 roundings of a logit through L layers "
+             "adding like a random walk, u = eps/2 of the dtype: 2^-8 bf16, 2^-24 fp32), each token among the other "
+             "side's "
              f"{divergence.TOP_K} best; unexplained = anything else (a bug until shown otherwise); a later turn of a "
              "diverged conversation takes its first divergence's status; unchecked = a side's logits were not kept "
              "(resumed run)",
              "Noise = the largest difference between the two sides' logit of a token both committed, in units of "
              "u·|logit|: how far the batched verify and vanilla's one-row step actually disagree; the near-tie rule "
-             f"allows {divergence.ROUNDINGS} per logit"]
+             "allows √(2L+2) per logit (7.9 for a 30-layer target)"]
     return Table("divergence_table", "Greedy divergences from vanilla: identical, near-tie or unexplained",
                  ["File", "Method", "dtype", "Turns", "Identical", "Near-tie", "Unexplained", "Unchecked",
                   "Noise (u)"], [], [("", rows)], frame, notes, list(provenance), align="lllrrrrrr")
