@@ -124,6 +124,7 @@ def run(
 ) -> None:
     """Run METHOD (and every --also / --sweep side) on BENCH with the vanilla baseline interleaved
     prompt by prompt; print the summary table. BENCH may be a mixed stream: `mixed` or `a+b+c`."""
+    flags = dict(locals())  # every flag above, by name: a RunConfig field of the same name takes its value
     from specbench.prompts import parse_template_kwargs
     from specbench.runner import RunConfig, Runner, summary_table
 
@@ -134,15 +135,11 @@ def run(
     if method is None or bench is None:
         raise SpecbenchError("run needs --method and --bench (or --preset PRESET)")
 
-    cfg = RunConfig(method=method, bench=bench, options=_parse_opts(opt, config), label=label, target=target,
-                    dtype=dtype, device=device, device_map=device_map, attn_implementation=attn, temperature=temperature, top_k=top_k,
-                    top_p=top_p, max_new_tokens=max_new_tokens, seed=seed, baseline=baseline, limit=limit,
-                    sample=sample, category=category, data_dir=data_dir, system_prompt=system_prompt,
-                    on_long_prompt=on_long_prompt, out=str(out) if out else None, resume=resume,
-                    overwrite=overwrite, warmup=warmup, sweep=sweep, also=list(also), passes=passes,
-                    target_revision=target_revision, chat_template=chat_template,
-                    chat_template_kwargs=parse_template_kwargs(list(chat_template_kwargs)),
-                    repeats=repeats, budget=budget, config_file=str(config) if config else None)
+    same_named = {name: flags[name] for name in RunConfig.__dataclass_fields__ if name in flags}
+    converted = {"options": _parse_opts(opt, config), "attn_implementation": attn, "out": str(out) if out else None,
+                 "also": list(also), "chat_template_kwargs": parse_template_kwargs(list(chat_template_kwargs)),
+                 "config_file": str(config) if config else None}
+    cfg = RunConfig(**{**same_named, **converted})
     runner = Runner(cfg, err)
     records = runner.run()
     if not runner.world.main:

@@ -146,3 +146,16 @@ def test_every_method_declares_help_for_every_option():
         cls = registry.method_class(name)
         missing = [d.name for d in options.declared(cls.Options) if not d.help]
         assert not missing, (name, missing)
+
+
+def test_every_run_flag_reaches_the_run_config():
+    """`specbench run` hands its flags to RunConfig by name; a flag with no field of its name is one the
+    command converts itself (listed here), so a new flag cannot be dropped silently."""
+    import inspect
+
+    from specbench.cli import run
+    from specbench.runner import RunConfig
+
+    converted = {"opt", "config", "attn", "dry_run"}  # -> options, attn_implementation; dry_run: --preset only
+    flags = set(inspect.signature(run).parameters)
+    assert flags - set(RunConfig.__dataclass_fields__) == converted
