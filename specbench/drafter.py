@@ -25,6 +25,7 @@ from specbench.verify import SamplingParams
 if TYPE_CHECKING:
     from specbench.target import Target, TargetOutput
 
+
 @dataclass
 class DecodeState:
     """What a drafter may read during one generation. ``tokens`` are all committed ids
