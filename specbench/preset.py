@@ -57,6 +57,9 @@ def _read_yaml(path: Path) -> dict:
                if k not in (raw or {})]
     if missing:
         raise SpecbenchError(f"preset {path} lacks field(s) {', '.join(missing)}")
+    from specbench.schemas import PresetFile, validate_file
+
+    validate_file(PresetFile, raw, f"preset {path}", "fix the preset file")  # field types, one line
     return raw
 
 

@@ -113,7 +113,8 @@ def _read_lines(path: Path, fix: str = RESULTS_FIX) -> tuple[list[tuple[int, dic
     except IsADirectoryError:
         raise SpecbenchError(f"{path} is a folder, not a results file; pass a .jsonl file") from None
     except OSError as exc:
-        raise SpecbenchError(f"cannot read {path} ({exc.strerror}); check its permissions or pass a new --out") from None
+        raise SpecbenchError(f"cannot read results file {path} ({exc.strerror}); check its permissions, or leave it "
+                             "out / pass a new --out") from None
     for number, raw in enumerate(lines, 1):
         last = number == len(lines)
         try:
@@ -127,6 +128,8 @@ def _read_lines(path: Path, fix: str = RESULTS_FIX) -> tuple[list[tuple[int, dic
         check_tree(obj, path, number, fix)
         objects.append((number, obj))
         good += len(raw)
+    if lines and not objects and len(lines) == 1 and lines[0].endswith(b"\n"):
+        raise SpecbenchError(f"{path} is not a specbench results file (its one line is not a JSON record); {fix}")
     return objects, good
 
 
