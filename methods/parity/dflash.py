@@ -142,8 +142,9 @@ class ZLabDFlash:
     reference = "z-lab dflash (DFlashDraftModel + dflash_generate)"
     notes = ("z-lab's dflash_generate loop and DFlashDraftModel class with our drafter's weights written into their "
              "layout; our shipped drafter's reduced draft vocabulary is given to their loop as the target's lm_head "
-             "restricted to those rows (-inf elsewhere: same argmax). By design their loop shrinks the last block to "
-             "the remaining budget, so the last step may draft differently; it uses transformers' DynamicCache with "
+             "restricted to those rows (-inf elsewhere: same argmax). By design their loop shrinks its block once "
+             "fewer than block_size tokens remain in the budget, so the steps there may draft differently (records: "
+             "first_accept_difference, tokens_left_there); it uses transformers' DynamicCache with "
              "crop for the drafter's context keys/values where ours concatenates tensors.")
 
     def version(self) -> str:
