@@ -9,7 +9,7 @@ export SPECBENCH_DATA ?= $(wildcard $(abspath ../shared/datasets))
 SRC     := PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}
 GPU_METHODS ?=
 
-.PHONY: setup test test-fast bench report run clean gpu-check reference drafters
+.PHONY: setup test test-fast bench report run clean gpu-check reference drafters parity
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -48,6 +48,13 @@ drafters:
 # The reference set behind results/ (hours of CPU, one run at a time on an idle machine; resumable).
 reference:
 	$(PY) bench/reference_set.py
+
+# Every method that has a reference implementation beside its authors' own code, interleaved in one process
+# (needs `pip install -e '.[parity]'`; an idle machine: it times both sides), then reports/parity_table.md.
+# On a GPU: make parity PARITY_ARGS="--device cuda --dtype bfloat16" (-> results/gpu/parity_table.md).
+PARITY_ARGS ?= --bench humaneval --limit 12 --max-new-tokens 128
+parity:
+	$(VENV)/bin/specbench parity --all $(PARITY_ARGS)
 
 report:
 	$(VENV)/bin/specbench report --show

@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from methods.specblock import SpecBlockDrafter  # noqa: E402
-from specbench.engine.drafter import available_methods, method_class  # noqa: E402
+from specbench.engine.registry import available_methods, method_class  # noqa: E402
 
 CPU_SIZED = {  # README: trees sized for a CPU
     "eagle3": ["total_tokens=16", "depth=4", "top_k=4"],

@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from specbench.run.machine_load import load_average
+from specbench.run.machine_load import drop_flagged, load_average
 from specbench.run.runner import parse_also
 
 BENCHES = ("mt_bench", "humaneval", "math500", "natural_questions", "wmt23", "alpaca")
@@ -75,9 +75,14 @@ def ablation_side(method: str, drafter: str = "") -> str:
 
 
 # group -> (main side, extra sides), each a side spec as --also takes it (name[@key=value...][@label=LABEL]).
-# Every group also runs vanilla, the speedup's baseline.
+# Every group also runs vanilla, the speedup's baseline, and a second vanilla side (AA_SIDE): the A/A control,
+# whose "speedup" interval must contain 1.00x (the report's aa_table).
+# The training-free methods (prompt lookup, suffix decoding, lookahead) run in the main files, beside the trained
+# ones and vanilla. Lookahead's own (W, N, G) = (7, 5, 7) window needs 27 nodes, past the budget of 16: here it
+# runs lade's window scaled to fit, (4, 4, 4) (11 window nodes, guesses fill the other 5).
+TRAINING_FREE = ["pld", "suffix", "lookahead@window=4@ngram=4@guess=4@label=lookahead"]
 GROUPS: dict[str, tuple[str, list[str]]] = {
-    "main": ("specblock", ["eagle3", "sps", "medusa", "dflash", "ddtree", "pacer", "sps-confidence"]),
+    "main": ("specblock", ["eagle3", "sps", "medusa", "dflash", "ddtree", "pacer", "sps-confidence", *TRAINING_FREE]),
     "specblock-ablations": (ablation_side("specblock", ABLATION_BASE),
                             [ablation_side("specblock-no-broadcast"), ablation_side("specblock-no-shift"),
                              ablation_side("specblock-no-valid-prefix"),
@@ -87,13 +92,29 @@ GROUPS: dict[str, tuple[str, list[str]]] = {
     "pacer": ("pacer", ["pacer@threshold=0.15", "pacer-no-pos", "pacer-no-growth", "sps@gamma=2", "sps@gamma=4", "sps@gamma=6",
                         "sps@gamma=8", "sps-confidence"]),
 }
-# Methods that learn while serving: the mixed stream (MATH-500 + WMT-23 + Alpaca + NQ), two passes.
+# Prompt lookup's claim is about output that copies its input: summarization (CNN/DM, Spec-Bench's 80 articles),
+# where the training-free methods run beside the two strongest trained ones.
+COPY_BENCH = "cnn_dailymail"
+COPY_GROUP = ("pld", ["suffix", TRAINING_FREE[2], "eagle3", "specblock"])
+# Methods that learn while serving (or remember): the mixed stream (MATH-500 + WMT-23 + Alpaca + NQ), two passes.
 STREAM_GROUPS: dict[str, tuple[str, list[str]]] = {
     "dvi-stream": ("dvi", ["dvi-kl", "dvi-pg", "dvi-ce"]),
     "specblock-stream": ("specblock", ["specblock-osd", "specblock-adapt"]),
+    # Suffix decoding's memory of earlier responses grows over the stream; prompt lookup, which has none, beside it.
+    "suffix-stream": ("suffix", ["pld"]),
 }
 SAMPLED_BENCHES = ("mt_bench", "humaneval")  # the T = 1 check of the main methods
 SAMPLED_METHODS = ("specblock", ["eagle3", "sps", "dflash", "ddtree", "medusa"])
+
+
+AA_SIDE = "vanilla@label=vanilla (A/A)"
+
+
+def learns(spec: str) -> bool:
+    """Whether the side's method learns or remembers while serving (``Drafter.learns``)."""
+    from specbench.engine.registry import method_class
+
+    return method_class(parse_also(spec).method).learns
 
 
 def plan(limit: int, repeats: int, stream_limit: int, passes: int) -> list[tuple[str, list[str]]]:
@@ -107,13 +128,23 @@ def plan(limit: int, repeats: int, stream_limit: int, passes: int) -> list[tuple
         side = parse_also(main)
         opts = [arg for key, value in side.options.items() for arg in ("--opt", f"{key}={value}")]
         label = ["--label", side.label] if side.label != main else []
-        return ["--method", side.method, *opts, *label] + [arg for spec in also for arg in ("--also", spec)]
+        return ["--method", side.method, *opts, *label] + [arg for spec in [*also, AA_SIDE] for arg in ("--also", spec)]
 
     for bench in BENCHES:
         for group, (method, also) in GROUPS.items():
             out = f"results/{group}_{bench}_{TARGET}_T0.jsonl"
-            runs.append((out, ["run", *sides(method, also), "--bench", bench, "--limit", str(limit),
+            # A method that learns (or remembers) while serving cannot be timed over repeats (the runner refuses):
+            # with --repeats > 1 it leaves the group for a file of its own beside vanilla, timed once.
+            kept = [spec for spec in also if repeats == 1 or not learns(spec)]
+            runs.append((out, ["run", *sides(method, kept), "--bench", bench, "--limit", str(limit),
                                "--repeats", str(repeats), "--temperature", "0", "--out", out, *common]))
+            for spec in (s for s in also if s not in kept):
+                out = f"results/{group}-{parse_also(spec).label}_{bench}_{TARGET}_T0.jsonl"
+                runs.append((out, ["run", *sides(spec, []), "--bench", bench, "--limit", str(limit),
+                                   "--temperature", "0", "--out", out, *common]))
+    out = f"results/copy_{COPY_BENCH}_{TARGET}_T0.jsonl"
+    runs.append((out, ["run", *sides(*COPY_GROUP), "--bench", COPY_BENCH, "--limit", str(limit),
+                       "--temperature", "0", "--out", out, *common]))  # suffix remembers: timed once
     for group, (method, also) in STREAM_GROUPS.items():
         out = f"results/{group}_mixed_x{passes}_{TARGET}_T0.jsonl"
         runs.append((out, ["run", *sides(method, also), "--bench", "mixed", "--limit", str(stream_limit),
@@ -164,6 +195,9 @@ def main() -> None:
     parser.add_argument("--max-load", type=float, default=0.6, help="start a run only below this 1-min load")
     parser.add_argument("--wait", type=float, default=10.0, help="minutes to wait for an idle machine")
     parser.add_argument("--list", action="store_true", help="print the plan and exit")
+    parser.add_argument("--retime-flagged", action="store_true",
+                        help="first drop every side's record of the turns recorded under load (other work above "
+                             "0.5 CPU) from each planned file, so that its resumed run times them again")
     args = parser.parse_args()
     specbench = [sys.executable, "-m", "specbench"]
     for out, argv in plan(args.limit, args.repeats, args.stream_limit, args.passes):
@@ -178,6 +212,8 @@ def main() -> None:
             continue
         if name.startswith("specblock-ablations_") and (problem := ablation_problem(ablation_drafters())):
             sys.exit(f"reference_set: {problem}")
+        if args.retime_flagged and (ROOT / out).is_file() and (dropped := drop_flagged(ROOT / out)):
+            print(f"{name}: {len(dropped)} turns recorded under load dropped; re-timing them", flush=True)
         load = wait_until_idle(args.max_load, args.wait)
         print(f"[{time.strftime('%H:%M:%S')}] load {load:.2f}: {line}", flush=True)
         code = subprocess.call(specbench + argv, cwd=ROOT)  # paths in the plan are the checkout's

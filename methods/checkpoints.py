@@ -4,6 +4,7 @@ naming the method, architecture and target) or a method's published layout (conf
 
 from __future__ import annotations
 
+import json
 import os
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -12,8 +13,8 @@ from typing import Callable, Sequence, TypeVar
 import torch
 
 from specbench.errors import SpecbenchError
-from specbench.training.checkpoint import (load_drafter, load_state_exactly, read_drafter_config, save_drafter,
-                                           target_fingerprint)
+from specbench.training.checkpoint import (load_drafter, load_state_exactly, read_drafter_config, read_weights,
+                                           save_drafter, target_fingerprint)
 
 Model = TypeVar("Model", bound=torch.nn.Module)
 KEY_WORDS = ("lacks keys:", "has keys this loader does not map:")  # what check_keys says of missing / extra keys
@@ -40,6 +41,40 @@ def load_ours_or_published(folder: str | Path, target, method: str, ours: Callab
         raise SpecbenchError(f"{folder} holds a {raw['method']!r} drafter, not {method}")
     config, state = load_drafter(folder, target)
     return ours(config, state)
+
+
+def read_published_weights(folder: str | Path, candidates: tuple[str, ...], kind: str) -> dict[str, torch.Tensor]:
+    """The first of ``candidates`` found in ``folder``, whole or sharded: HF writes a large checkpoint as
+    shards listed by ``<name>.index.json`` (``model.safetensors.index.json``, ``pytorch_model.bin.index.json``)
+    instead of ``<name>``. A missing or garbled shard is one line."""
+    folder = Path(folder)
+    for name in candidates:
+        if (folder / name).is_file():
+            return read_weights(folder, (name,), kind)
+        index = folder / f"{name}.index.json"
+        if index.is_file():
+            return _read_shards(index, kind)
+    return read_weights(folder, candidates, kind)  # none found: its one-line error names what the folder holds
+
+
+def _read_shards(index: Path, kind: str) -> dict[str, torch.Tensor]:
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        shards = sorted(set(weight_map.values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        raise SpecbenchError(f"{index} is not a shard index (no weight_map of key -> file); re-download the "
+                             f"{kind} checkpoint") from None
+    missing = [s for s in shards if not (index.parent / s).is_file()]
+    if missing:
+        raise SpecbenchError(f"{index} names shard(s) {', '.join(missing[:3])} that {index.parent} lacks; re-download "
+                             f"the {kind} checkpoint")
+    state: dict[str, torch.Tensor] = {}
+    for shard in shards:
+        state.update(read_weights(index.parent, (shard,), kind))
+    lost = [k for k in weight_map if k not in state]
+    if lost:
+        raise SpecbenchError(f"{index} maps keys its shards lack: {key_names(lost)}; re-download the {kind} checkpoint")
+    return state
 
 
 def save_ours(folder: str | Path, method: str, state: dict[str, torch.Tensor], target, architecture: dict,

@@ -23,7 +23,7 @@ import torch
 
 from methods.dflash import DFlashDrafter
 from specbench.engine.drafter import DecodeState
-from specbench.errors import SpecbenchError
+from specbench.options import option
 from specbench.engine.tree import DraftTree, SiblingKind
 
 METHOD = "ddtree"
@@ -84,11 +84,11 @@ def ddtree_from_log_probs(log_q: torch.Tensor, budget: int, to_target_ids=None) 
 
 @dataclass
 class DDTreeOptions:
-    path: str = ""  # DFlash drafter folder or hub id org/name[@rev] (ours or the published layout); empty = drafters/<target>/dflash
-    revision: str = ""  # hub revision of path; empty = main
-    # Node budget B (drafted nodes, root excluded). Paper: {16..1024}, best 256-512 on an H200; this
-    # CPU's verify cost grows past ~32 rows, so 32 here.
-    budget: int = 32
+    path: str = option("", "DFlash drafter folder or hub id org/name[@rev] (ours or the published layout); "
+                           "empty = drafters/<target>/dflash.")
+    revision: str = option("", "Hub revision of path; empty = main.")
+    # Paper: {16..1024}, best 256-512 on an H200; a CPU's verify cost grows past ~32 rows, so 32 here.
+    budget: int = option(32, "Node budget B: drafted nodes per verify call, root excluded.", ge=1, tokens=True)
 
 
 class DDTreeDrafter(DFlashDrafter):
@@ -99,8 +99,6 @@ class DDTreeDrafter(DFlashDrafter):
 
     def __init__(self, options: DDTreeOptions | None = None, model=None) -> None:
         super().__init__(options, model)
-        if self.options.budget < 1:
-            raise SpecbenchError(f"ddtree: budget must be >= 1 drafted node, got {self.options.budget}")
 
     def propose(self, state: DecodeState) -> DraftTree:
         log_q = self.block_log_probs(state)  # untempered: the tree ignores T (rule A keeps it lossless)

@@ -18,8 +18,14 @@ Training (METHODS.md §7.3, the SpecForge recipe): random anchors a among assist
 and its own block only; slot k predicts x_{a+k}, CE weighted exp(-(k-1)/gamma) / sum of weights.
 
 Checkpoints: our folder format (target fingerprint) or the published z-lab layout (Qwen3 config.json
-with ``dflash_config.target_layer_ids`` / ``mask_token_id`` and ``block_size``); module names follow
-the published keys, so one state-dict layout serves both.
+with ``dflash_config.target_layer_ids`` / ``mask_token_id`` and ``block_size``, each also read at the
+top level as z-lab's ``_draft_value`` does; whole or sharded weights); module names follow the
+published keys, so one state-dict layout serves both.
+
+Per-layer attention (z-lab ``Qwen3DFlashAttention``): a ``sliding_attention`` layer of ``layer_types``
+is causal inside the block and sees keys less than ``sliding_window`` positions back; a
+``full_attention`` layer is bidirectional; a config-wide ``is_causal`` overrides the causality of
+every layer. DFlash-2 drafters (convolutions and a candidate selector) are refused in one line.
 """
 
 from __future__ import annotations
@@ -32,18 +38,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from methods.checkpoints import check_layer_shapes, load_checked, load_ours_or_published, save_ours, shipped_drafter
+from methods.checkpoints import (check_layer_shapes, load_checked, load_ours_or_published, read_published_weights,
+                                 save_ours, shipped_drafter)
 from methods.layers import KV, DecoderLayer, LayerShapes, RMSNorm, Rotary, official_layer_shapes, target_layer_shapes
+from methods.speculators_layout import is_speculators, speculators_dflash
 from specbench.engine.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
+from specbench.options import option
 from specbench.engine.target import Target, TargetOutput
 from specbench.training.batch import TrainBatch
-from specbench.training.checkpoint import CONFIG, architecture, read_weights
+from specbench.training.checkpoint import CONFIG, architecture
 from specbench.engine.tree import DraftTree, SiblingKind
 
 METHOD = "dflash"
 OFFICIAL_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 OFFICIAL_IGNORED = ("*rotary_emb.inv_freq",)  # derived from config
+LAYER_TYPES = ("full_attention", "sliding_attention")  # the per-layer attention kinds z-lab's drafter knows
+DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")  # DFlash-2 only
 DECAY_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}  # loss decay per block size (SpecForge's published settings)
 MAX_ANCHORS = 512  # per sequence, as in the reference recipe
 MIN_LOSS_TOKENS = 32  # shorter responses are dropped from training
@@ -75,6 +86,17 @@ class DFlashConfig(LayerShapes):
     input_embedding_scale: float = 1.0
     output_multiplier: float = 1.0
     final_logit_softcapping: float = 0.0
+    # Per drafter layer "full_attention" | "sliding_attention" (empty = all full); the window of the
+    # sliding ones (0 = none); is_causal None = causal exactly in the sliding layers, else every layer.
+    layer_types: list[str] = field(default_factory=list)
+    sliding_window: int = 0
+    is_causal: bool | None = None
+
+    def layer_attention(self, index: int) -> tuple[bool, int]:
+        """(causal inside the block, window or 0) of drafter layer ``index``, as z-lab's attention sets them."""
+        kind = self.layer_types[index] if self.layer_types else "full_attention"
+        causal = kind == "sliding_attention" if self.is_causal is None else bool(self.is_causal)
+        return causal, self.sliding_window if kind == "sliding_attention" else 0
 
     @classmethod
     def from_target(cls, target: Target, layers: int, block_size: int, mask_token_id: int,
@@ -88,29 +110,62 @@ class DFlashConfig(LayerShapes):
     def from_official(cls, raw: dict, source: str) -> "DFlashConfig":
         """From a published DFlash ``config.json`` (Qwen3 keys + ``dflash_config``)."""
         extra = raw.get("dflash_config") or {}
-        shapes = official_layer_shapes(raw, source, "DFlash", required=("num_hidden_layers",),
-                                       missing=() if "mask_token_id" in extra else ("dflash_config.mask_token_id",))
-        if raw.get("use_sliding_window") and raw.get("sliding_window"):
-            raise SpecbenchError(f"{source} uses sliding-window attention, which this DFlash loader does not support")
-        if extra.get("is_causal", raw.get("is_causal")):
-            raise SpecbenchError(f"{source} asks for causal attention inside the block (is_causal), which this DFlash "
-                                 "loader does not support")
 
-        def knob(name: str, default: float) -> float:  # dflash_config first, then the top level (as z-lab reads it)
-            value = extra.get(name, raw.get(name))
-            return default if value is None else float(value)
+        def value(name: str, default=None):  # dflash_config first, then the top level (z-lab's _draft_value)
+            found = extra.get(name, raw.get(name))
+            return default if found is None else found
 
+        refuse_dflash2(raw, source)
+        no_mask = () if value("mask_token_id") is not None else ("dflash_config.mask_token_id",)
+        shapes = official_layer_shapes(raw, source, "DFlash", required=("num_hidden_layers",), missing=no_mask)
         layers = raw["num_hidden_layers"]
         target_layers = raw.get("num_target_layers")
-        ids = extra.get("target_layer_ids") or (default_layer_ids(target_layers, layers) if target_layers else None)
+        ids = value("target_layer_ids") or (default_layer_ids(target_layers, layers) if target_layers else None)
         if not ids:
             raise SpecbenchError(f"{source} has neither dflash_config.target_layer_ids nor num_target_layers")
+        types, window = official_layer_types(raw, layers, source)
+        causal = raw.get("is_causal")  # z-lab reads the config attribute itself, not dflash_config
         return cls(**shapes, num_hidden_layers=layers, num_target_layers=target_layers or max(ids) + 1,
-                   block_size=int(raw.get("block_size") or extra.get("block_size") or 16),
-                   mask_token_id=int(extra["mask_token_id"]), target_layer_ids=[int(i) for i in ids],
-                   input_embedding_scale=knob("input_embedding_scale", 1.0),
-                   output_multiplier=knob("output_multiplier", 1.0),
-                   final_logit_softcapping=knob("final_logit_softcapping", 0.0))
+                   block_size=int(value("block_size", 16)), mask_token_id=int(value("mask_token_id")),
+                   target_layer_ids=[int(i) for i in ids],
+                   input_embedding_scale=float(value("input_embedding_scale", 1.0)),
+                   output_multiplier=float(value("output_multiplier", 1.0)),
+                   final_logit_softcapping=float(value("final_logit_softcapping", 0.0)),
+                   layer_types=types, sliding_window=window, is_causal=None if causal is None else bool(causal))
+
+
+def refuse_dflash2(raw: dict, source: str) -> None:
+    """DFlash-2 (z-lab ``DFlash2DraftModel``, speculators ``dflash2``) adds modules this drafter lacks: one line."""
+    extra = raw.get("dflash_config") or {}
+    named = "DFlash2DraftModel" in (raw.get("architectures") or []) or raw.get("speculators_model_type") == "dflash2"
+    if named or any(k in extra or k in raw for k in DFLASH2_KEYS):
+        raise SpecbenchError(f"{source} is a DFlash-2 drafter, which specbench cannot run: it lacks DFlash-2's grouped "
+                             "dynamic causal convolutions around each layer's attention and MLP and its candidate "
+                             "selector (selector_rank/selector_top_k re-ranking of the block); use a DFlash "
+                             "(DFlashDraftModel) drafter")
+
+
+def official_layer_types(raw: dict, layers: int, source: str) -> tuple[list[str], int]:
+    """(layer_types, sliding window or 0) as transformers' Qwen3Config derives them for z-lab's drafter:
+    ``layer_types`` if given, else sliding from layer ``max_window_layers`` on when ``use_sliding_window``;
+    the window is ``sliding_window`` only when ``use_sliding_window`` is set (else None in Qwen3Config)."""
+    use = bool(raw.get("use_sliding_window"))
+    window = raw.get("sliding_window") if use else None
+    types = raw.get("layer_types")
+    if types is None:
+        start = raw.get("max_window_layers", 28)  # Qwen3Config's default
+        types = ["sliding_attention" if window is not None and i >= start else "full_attention" for i in range(layers)]
+    if not isinstance(types, list) or len(types) != layers:
+        raise SpecbenchError(f"{source} has layer_types for {len(types) if isinstance(types, list) else 'no list of'} "
+                             f"layers but num_hidden_layers={layers}; fix the config")
+    unknown = sorted({t for t in types if t not in LAYER_TYPES})
+    if unknown:
+        raise SpecbenchError(f"{source} declares attention type(s) {', '.join(map(str, unknown))}, which this DFlash "
+                             f"loader does not run (it knows {', '.join(LAYER_TYPES)})")
+    if "sliding_attention" in types and window is not None and (not isinstance(window, int) or window < 1):
+        raise SpecbenchError(f"{source} has sliding_window={window!r}; a sliding_attention layer needs a positive "
+                             "integer window")
+    return list(types), int(window or 0)
 
 
 class DFlashModel(nn.Module):
@@ -220,16 +275,42 @@ class DFlashModel(nn.Module):
         return [layer.self_attn.keys_values(context, cos, sin) for layer in self.layers]
 
     def forward(self, block_ids: torch.Tensor, block_positions: torch.Tensor, context: list[KV],
-                visible: torch.Tensor | None = None) -> torch.Tensor:
+                visible: torch.Tensor | None = None, context_positions: torch.Tensor | None = None) -> torch.Tensor:
         """Block hidden states [B, Q, H] (before the final norm).
 
-        block_ids, block_positions [B, Q]; context: per-layer KV of the context rows (S of them);
-        visible [B or 1, 1, Q, S + Q] bool, None = every row sees everything (one block)."""
+        block_ids, block_positions [B, Q]; context: per-layer KV of the context rows (S of them) at
+        ``context_positions`` [B or 1, S] (None = 0..S-1); visible [B or 1, 1, Q, S + Q] bool, None =
+        every row sees everything (one block); causal and sliding layers narrow it (``layer_masks``)."""
         x = self.embed(block_ids)
         cos, sin = self.rotary(block_positions, x.dtype)
-        for layer, kv in zip(self.layers, context):
-            x, _ = layer(x, cos, sin, visible, past=kv)
+        masks = self.layer_masks(visible, block_positions, context[0][0].shape[2] if context else 0, context_positions)
+        for layer, kv, mask in zip(self.layers, context, masks):
+            x, _ = layer(x, cos, sin, mask, past=kv)
         return x
+
+    def layer_masks(self, visible: torch.Tensor | None, block_positions: torch.Tensor, context_len: int,
+                    context_positions: torch.Tensor | None = None) -> list[torch.Tensor | None]:
+        """Per layer: ``visible`` narrowed to keys at or before the query (causal layers) and less than
+        the window away (sliding layers; both ways when not causal), by absolute position, as z-lab's
+        ``_attention_mask`` does over its cache (whose key index is the position)."""
+        kinds = [self.config.layer_attention(i) for i in range(self.config.num_hidden_layers)]
+        if not any(causal or window for causal, window in kinds):
+            return [visible] * len(kinds)
+        if context_positions is None:
+            context_positions = torch.arange(context_len, device=block_positions.device)[None]
+        keys = torch.cat([context_positions.expand(block_positions.shape[0], -1), block_positions], 1)
+        behind = block_positions[:, :, None] - keys[:, None, :]  # query position - key position, [B, Q, S + Q]
+        masks: dict[tuple[bool, int], torch.Tensor | None] = {}
+        for kind in set(kinds):
+            causal, window = kind
+            mask = torch.ones_like(behind, dtype=torch.bool)
+            if causal:
+                mask &= behind >= 0
+            if window:
+                mask &= (behind < window) if causal else (behind.abs() < window)
+            mask = mask[:, None]
+            masks[kind] = mask if visible is None else mask & visible
+        return [masks[k] for k in kinds]
 
     # ---- training -----------------------------------------------------------------------
     def training_loss(self, batch: TrainBatch, anchors: int = 64,
@@ -316,12 +397,15 @@ def _check(cfg: DFlashConfig, target: Target, folder) -> None:
 
 
 def _load_official(cls, folder: Path, raw: dict, target: Target) -> DFlashModel:
+    if is_speculators(raw):  # vLLM speculators' layout, as z-lab's
+        raw = speculators_dflash(raw, folder, target.num_layers)
     cfg = DFlashConfig.from_official(raw, str(folder / CONFIG))
-    if cfg.num_target_layers != target.num_layers:
+    # z-lab's loader does not need num_target_layers; where the config gives it, it must be this target's.
+    if raw.get("num_target_layers") and cfg.num_target_layers != target.num_layers:
         raise SpecbenchError(f"DFlash drafter {folder} was built for a {cfg.num_target_layers}-layer target but "
                              f"{target.name!r} has {target.num_layers}; use the drafter published for this target")
     _check(cfg, target, folder)
-    state = read_weights(folder, OFFICIAL_WEIGHTS, "DFlash")
+    state = read_published_weights(folder, OFFICIAL_WEIGHTS, "DFlash")
     return load_checked(cls(cfg, target), state, folder, "DFlash", OFFICIAL_IGNORED)
 
 
@@ -372,8 +456,9 @@ def training_mask(starts: torch.Tensor, context_len: int, block: int) -> torch.T
 # ---- the drafter -----------------------------------------------------------------------------
 @dataclass
 class DFlashOptions:
-    path: str = ""  # drafter folder or hub id org/name[@rev] (ours or the published z-lab layout); empty = drafters/<target>/dflash
-    revision: str = ""  # hub revision of path; empty = main
+    path: str = option("", "Drafter folder or hub id org/name[@rev] (ours or the published z-lab layout); "
+                           "empty = drafters/<target>/dflash.")
+    revision: str = option("", "Hub revision of path; empty = main.")
 
 
 class DFlashDrafter(Drafter):

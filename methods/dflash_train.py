@@ -16,14 +16,14 @@ from specbench.training.plugin import MethodTrainer, TrainOptions, option
 
 @dataclass
 class DFlashTrainOptions(TrainOptions):
-    layers: int = option(3, "Drafter decoder layers.", min=1)
-    block_size: int = option(16, "Block L = bonus + L-1 drafted slots (the tree's maximum depth is L-1).", min=1)
+    layers: int = option(3, "Drafter decoder layers.", ge=1)
+    block_size: int = option(16, "Block L = bonus + L-1 drafted slots (the tree's maximum depth is L-1).", ge=1)
     target_layer_ids: str = option("", "Target layers tapped, comma-separated (default: evenly spaced, one per "
                                        "drafter layer).")
-    mask_token_id: Optional[int] = option(None, "MASK id (default: the tokenizer's, else an unused added token).", min=0)
-    anchors: int = option(64, "Random block anchors per sequence and step (reference: up to 512).", min=1)
+    mask_token_id: Optional[int] = option(None, "MASK id (default: the tokenizer's, else an unused added token).", ge=0)
+    anchors: int = option(64, "Random block anchors per sequence and step (reference: up to 512).", ge=1)
     draft_vocab: int = option(4096, "Score only the target lm_head's rows of the N most frequent response tokens "
-                                    "(0 = the whole vocabulary, as published).", min=0)
+                                    "(0 = the whole vocabulary, as published).", ge=0)
     epochs: int = option(6)
     lr: float = option(6e-4)
     batch_size: int = option(8)

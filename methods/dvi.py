@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 from pathlib import Path
 
 import torch
@@ -40,39 +41,42 @@ from torch import nn
 
 from specbench.engine.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
-from specbench.engine.split_verify import check_split
+from specbench.options import option
+from specbench.engine.split_verify import ShallowStates, check_split, forward_shallow
 from specbench.engine.target import Target, TargetOutput
 from specbench.engine.tree import DraftTree, SiblingKind
 from specbench.engine.verify import draw, logits_to_probs
 
-OBJECTIVES = ("kl-rl", "kl", "pg", "ce")
 HEAD_FILE = "dvi_head.safetensors"
+Objective = Literal["kl-rl", "kl", "pg", "ce"]
 
 
 @dataclass
 class DVIOptions:
-    layer: int = 2  # layers [0, layer) draft; paper 2 of 32. SmolLM2: acceptance flat over 2..8, cost is not
-    k: int = 4  # drafts per verify call
-    learn: bool = True  # false = frozen head (a no-learning baseline)
-    objective: str = "kl-rl"  # kl-rl | kl | pg | ce
-    lr: float = 5e-4
-    weight_decay: float = 0.01
-    rank: int = 8
-    alpha: float = 16.0
-    dropout: float = 0.05
-    buffer: int = 2048  # replay buffer capacity (tuples)
-    batch: int = 32  # minibatch per improve step
-    update_every: int = 1  # verify calls per improve step (1 = one step per rollout)
-    warmup: int = 40  # KL-only steps
-    ramp: int = 80  # steps from KL to RL
-    kl_min: float = 0.05
-    ce_weight: float = 0.1
-    beta_start: float = 0.5
-    beta_end: float = 0.05
-    baseline_ema: float = 0.9
-    clip: float = 1.0
-    head: str = ""  # folder with a saved head (warm start); empty = fresh LoRA (B = 0: the plain early exit)
-    seed: int = 0
+    # Paper: 2 of 32. SmolLM2: acceptance is flat over 2..8, cost is not.
+    layer: int = option(2, "Layers [0, layer) draft; the rest verify.", ge=1)
+    k: int = option(4, "Drafts per verify call.", ge=1, tokens=True)
+    learn: bool = option(True, "false = frozen head (a no-learning baseline).")
+    objective: Objective = option("kl-rl", "kl-rl: KL then RL (DVI); kl, pg, ce: the paper's single-objective "
+                                           "ablations (distillation, REINFORCE, reward-masked CE).")
+    lr: float = option(5e-4, "AdamW learning rate of the LoRA head.", ge=0)
+    weight_decay: float = option(0.01, "AdamW weight decay.", ge=0)
+    rank: int = option(8, "LoRA rank.", ge=1)
+    alpha: float = option(16.0, "LoRA alpha (scale alpha / rank).", ge=0)
+    dropout: float = option(0.05, "LoRA dropout.", ge=0, lt=1)
+    buffer: int = option(2048, "Replay buffer capacity (tuples).", ge=1)
+    batch: int = option(32, "Minibatch per improve step.", ge=1)
+    update_every: int = option(1, "Verify calls per improve step (1 = one step per rollout).", ge=1)
+    warmup: int = option(40, "KL-only steps.", ge=0)
+    ramp: int = option(80, "Steps from KL to RL.", ge=0)
+    kl_min: float = option(0.05, "KL weight after the ramp.", ge=0)
+    ce_weight: float = option(0.1, "Cross-entropy weight.", ge=0)
+    beta_start: float = option(0.5, "KL weight inside the on-policy term, at the start of the ramp.", ge=0)
+    beta_end: float = option(0.05, "KL weight inside the on-policy term, after the ramp.", ge=0)
+    baseline_ema: float = option(0.9, "Decay of the reward baseline's moving average.", ge=0, le=1)
+    clip: float = option(1.0, "Gradient-norm clip.", ge=0)
+    head: str = option("", "Folder with a saved head (warm start); empty = fresh LoRA (B = 0: the plain early exit).")
+    seed: int = option(0, "Seed of the LoRA init, its dropout and the replay sampling.", ge=0)
 
 
 # ---- schedule and losses: pure functions -----------------------------------------------------
@@ -200,15 +204,7 @@ class DVIDrafter(Drafter):
 
     def __init__(self, options: DVIOptions | None = None) -> None:
         super().__init__(options)
-        o = self.options
-        if o.objective not in OBJECTIVES:
-            raise SpecbenchError(f"dvi: objective {o.objective!r} is unknown; use one of {', '.join(OBJECTIVES)}")
-        for key in ("k", "rank", "buffer", "batch", "update_every"):
-            if getattr(o, key) < 1:
-                raise SpecbenchError(f"dvi: {key} must be >= 1, got {getattr(o, key)}")
-        if not 0 <= o.dropout < 1:
-            raise SpecbenchError(f"dvi: dropout must be in [0, 1), got {o.dropout}")
-        self.learns = o.learn  # a frozen head may take the runner's warm-up
+        self.learns = self.options.learn  # a frozen head may take the runner's warm-up
 
     def setup(self, target: Target) -> None:
         super().setup(target)
@@ -372,17 +368,17 @@ class DVIDrafter(Drafter):
 # ---- the paper's single-objective ablations (Table 3) -----------------------------------------
 @dataclass
 class DVIKLOptions(DVIOptions):
-    objective: str = "kl"
+    objective: Objective = "kl"
 
 
 @dataclass
 class DVIPGOptions(DVIOptions):
-    objective: str = "pg"
+    objective: Objective = "pg"
 
 
 @dataclass
 class DVICEOptions(DVIOptions):
-    objective: str = "ce"
+    objective: Objective = "ce"
 
 
 class DVIKLDrafter(DVIDrafter):

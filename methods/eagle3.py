@@ -29,16 +29,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from methods.checkpoints import check_layer_shapes, load_checked, load_ours_or_published, save_ours, shipped_drafter
+from methods.checkpoints import read_published_weights  # whole or sharded weights
 from methods.layers import (KV, DecoderLayer, LayerShapes, RMSNorm, Rotary, official_layer_shapes, repeat_kv,
                             target_layer_shapes)
-from methods.taps import check_taps, eagle3_taps
-from methods.tree_select import candidates_to_tree
+from methods.speculators_layout import is_speculators, speculators_eagle3, speculators_keys
 from specbench.engine.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
+from specbench.options import option
 from specbench.engine.target import Target, TargetOutput
 from specbench.training.batch import TrainBatch
-from specbench.training.checkpoint import CONFIG, architecture, config_value, read_weights
-from specbench.engine.tree import DraftTree
+from specbench.training.checkpoint import CONFIG, architecture, config_value
+from specbench.engine.tree import DraftTree, SiblingKind
 
 # The official loader (SafeAILab/EAGLE ea_model.py) tries pytorch_model.bin first, then model.safetensors.
 OFFICIAL_WEIGHTS = ("pytorch_model.bin", "model.safetensors")
@@ -286,12 +287,17 @@ def official_taps(raw: dict, target: Target, folder: Path) -> tuple[int, ...]:
 
 
 def _load_official(cls: type[Eagle3Model], folder: Path, raw: dict, target: Target) -> Eagle3Model:
+    speculators = is_speculators(raw)  # vLLM speculators' layout: translated to the flat one here
+    if speculators:
+        raw, speculators_taps = speculators_eagle3(raw, folder, target.num_layers)
     arch = Eagle3Config.from_official(raw, str(folder / CONFIG))
     if arch.tap_size != target.hidden_size:
         raise SpecbenchError(f"drafter {folder} fuses taps of hidden size {arch.tap_size} but target {target.name!r} "
                              f"has {target.hidden_size}; use an EAGLE-3 drafter trained for this target")
-    taps = official_taps(raw, target, folder)
-    state = read_weights(folder, OFFICIAL_WEIGHTS, "EAGLE-3")
+    taps = (speculators_taps or eagle3_taps(target.num_layers)) if speculators else official_taps(raw, target, folder)
+    state = read_published_weights(folder, OFFICIAL_WEIGHTS, "EAGLE-3")
+    if speculators:
+        state = speculators_keys(state)
     own = None
     if arch.hidden_size != target.hidden_size:
         # Narrower/wider than the target: the official loader takes this drafter's embedding from its checkpoint.
@@ -315,11 +321,13 @@ def _load_official(cls: type[Eagle3Model], folder: Path, raw: dict, target: Targ
 # ---- the drafter -----------------------------------------------------------------------------
 @dataclass
 class Eagle3Options:
-    path: str = ""  # drafter folder or hub id org/name[@rev] (ours or official EAGLE-3); empty = drafters/<target>/eagle3
-    revision: str = ""  # hub revision of path (branch, tag or commit); empty = main
-    top_k: int = 10  # frontier width and children per frontier node
-    depth: int = 7  # tree-growing forwards after the first (tree depth <= depth + 1)
-    total_tokens: int = 60  # verify rows incl. the root: at most total_tokens - 1 draft nodes
+    path: str = option("", "Drafter folder or hub id org/name[@rev] (ours or official EAGLE-3); "
+                           "empty = drafters/<target>/eagle3.")
+    revision: str = option("", "Hub revision of path (branch, tag or commit); empty = main.")
+    top_k: int = option(10, "Frontier width and children per frontier node.", ge=1)
+    depth: int = option(7, "Tree-growing forwards after the first (tree depth <= depth + 1).", ge=1, tokens=True)
+    total_tokens: int = option(60, "Verify rows incl. the root: at most total_tokens - 1 draft nodes.", ge=2,
+                               tokens=True)
 
 
 @dataclass
@@ -344,10 +352,6 @@ class Eagle3Drafter(Drafter):
 
     def __init__(self, options: Eagle3Options | None = None, model: Eagle3Model | None = None) -> None:
         super().__init__(options)
-        o = self.options
-        if o.top_k < 1 or o.depth < 1 or o.total_tokens < 2:
-            raise SpecbenchError(f"eagle3: need top_k >= 1, depth >= 1, total_tokens >= 2 "
-                                 f"(got {o.top_k}, {o.depth}, {o.total_tokens})")
         self.model = model
 
     def setup(self, target: Target) -> None:

@@ -12,8 +12,8 @@ from specbench.training.plugin import MethodTrainer, TrainOptions, option
 
 @dataclass
 class Eagle3TrainOptions(TrainOptions):
-    draft_vocab: int = option(4096, "Reduced draft vocabulary (most frequent response tokens).", min=0)
-    steps: int = option(7, "Training-time-test unroll steps.", min=1)
+    draft_vocab: int = option(4096, "Reduced draft vocabulary (most frequent response tokens).", ge=0)
+    steps: int = option(7, "Training-time-test unroll steps.", ge=1)
     epochs: int = option(4)
     lr: float = option(1e-3)
     batch_size: int = option(8)

@@ -26,11 +26,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from methods.checkpoints import check_keys, load_checked, load_ours_or_published, save_ours, shipped_drafter
+from methods.checkpoints import read_published_weights  # whole or sharded weights
 from specbench.engine.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
+from specbench.options import option
 from specbench.engine.target import Target
 from specbench.training.batch import TrainBatch
-from specbench.training.checkpoint import found_layout, read_weights
+from specbench.training.checkpoint import found_layout
 from specbench.engine.tree import DraftTree, SiblingKind
 
 METHOD = "medusa"
@@ -248,7 +250,7 @@ def _load_official(folder: Path, config: dict, target: Target) -> MedusaHeads:
     if "medusa_num_heads" not in config:
         raise SpecbenchError(f"{folder} is not a Medusa drafter (config.json has neither method='medusa' nor "
                              f"medusa_num_heads; {found_layout(folder)})")
-    state = read_weights(folder, OFFICIAL_WEIGHTS, "Medusa")
+    state = read_published_weights(folder, OFFICIAL_WEIGHTS, "Medusa")
     if state and all(k.startswith("medusa_head.") for k in state):  # saved from the wrapping model
         state = {k[len("medusa_head."):]: v for k, v in state.items()}
     num_heads, num_layers = official_shape(state, folder)
@@ -339,15 +341,18 @@ class TreeSkeleton:
 # ---- drafter --------------------------------------------------------------------------------------
 @dataclass
 class MedusaOptions:
-    path: str = ""  # heads folder or hub id org/name[@rev] (ours or the official Medusa layout); empty = drafters/<target>/medusa
-    revision: str = ""  # hub revision of path; empty = main
-    topk: int = 10  # candidates per head (reference TOPK)
-    choices: str = "mc_sim_7b_63"  # a built-in tree name or a JSON list of rank paths
-    heads: int = 0  # use the first N heads; 0 = all in the checkpoint
-    # Keep only the first N paths (the published lists are ordered by estimated acceptance, and
-    # every prefix of mc_sim_7b_63 is prefix-closed): smaller trees suit CPUs, where verify cost
-    # grows past ~16 nodes. 0 = the whole list.
-    max_nodes: int = 0
+    path: str = option("", "Heads folder or hub id org/name[@rev] (ours or the official Medusa layout); "
+                           "empty = drafters/<target>/medusa.")
+    revision: str = option("", "Hub revision of path; empty = main.")
+    topk: int = option(10, "Candidates per head (reference TOPK).", ge=1)
+    choices: str = option("mc_sim_7b_63", "A built-in tree name or a JSON list of rank paths.")
+    heads: int = option(0, "Use the first N heads; 0 = all in the checkpoint.", ge=0)
+    # The published lists are ordered by estimated acceptance, and every prefix of mc_sim_7b_63 is
+    # prefix-closed: smaller trees suit CPUs, where verify cost grows past ~16 nodes.
+    max_nodes: int = option(0, "Keep only the first N paths of the tree; 0 = the whole list.", ge=0, tokens=True)
+
+    def check(self, owner: str) -> None:
+        resolve_choices(self.choices)  # a bad name or JSON fails before anything loads
 
 
 class MedusaDrafter(Drafter):
@@ -361,12 +366,6 @@ class MedusaDrafter(Drafter):
 
     def __init__(self, options: MedusaOptions | None = None, heads: MedusaHeads | None = None) -> None:
         super().__init__(options)
-        if self.options.topk < 1:
-            raise SpecbenchError(f"medusa: topk must be >= 1, got {self.options.topk}")
-        if self.options.heads < 0:
-            raise SpecbenchError(f"medusa: heads must be >= 0, got {self.options.heads}")
-        if self.options.max_nodes < 0:
-            raise SpecbenchError(f"medusa: max_nodes must be >= 0, got {self.options.max_nodes}")
         self.choices = resolve_choices(self.options.choices)
         if self.options.max_nodes:
             self.choices = self.choices[: self.options.max_nodes]

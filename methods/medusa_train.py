@@ -12,8 +12,8 @@ from specbench.training.plugin import MethodTrainer, TrainOptions, option
 
 @dataclass
 class MedusaTrainOptions(TrainOptions):
-    heads: int = option(5, "Medusa heads (head k predicts k+2 tokens ahead).", min=1)
-    layers: int = option(1, "ResBlocks per head.", min=1)
+    heads: int = option(5, "Medusa heads (head k predicts k+2 tokens ahead).", ge=1)
+    layers: int = option(1, "ResBlocks per head.", ge=1)
     shared_lm_head: bool = option(True, "Reuse the target's frozen lm_head in every head (small checkpoint).")
     epochs: int = option(2)
     lr: float = option(1e-3)

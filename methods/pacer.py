@@ -34,6 +34,7 @@ from methods.sps import SpSDrafter
 from specbench.engine import kvcache
 from specbench.engine.drafter import DecodeState
 from specbench.errors import SpecbenchError
+from specbench.options import option
 from specbench.engine.target import Target, resolve_dtype
 from specbench.training.checkpoint import check_target, load_drafter, save_drafter, target_fingerprint
 
@@ -304,14 +305,14 @@ def keep_drafting(alphas: list[float], threshold: float) -> bool:
 
 @dataclass
 class PacerOptions:
-    draft: str = ""  # the SpS draft model (empty = the shipped one for the target)
-    pacer: str = ""  # pre-verification layer folder or hub id org/name[@rev] (empty = drafters/<target>/pacer)
-    revision: str = ""  # hub revision of draft; empty = main
-    block: int = 4  # b: drafts per pre-verification
-    threshold: float = 0.7  # t_0: stop when a block's mean predicted acceptance <= t
-    rho: float = 1.05  # growth of t per passed block (1.0 = no growth)
-    max_gamma: int = 48  # length cap per step
-    dtype: str = ""  # draft and pre-verifier dtype; empty = the target's
+    draft: str = option("", "The SpS draft model (empty = the shipped one for the target).")
+    pacer: str = option("", "Pre-verification layer folder or hub id org/name[@rev] (empty = drafters/<target>/pacer).")
+    revision: str = option("", "Hub revision of draft; empty = main.")
+    block: int = option(4, "b: drafts per pre-verification.", ge=1, tokens=True)
+    threshold: float = option(0.7, "t_0: stop when a block's mean predicted acceptance <= t.", ge=0, le=1)
+    rho: float = option(1.05, "Growth of t per passed block (1.0 = no growth).", ge=1)
+    max_gamma: int = option(48, "Length cap per step.", ge=1, tokens=True)
+    dtype: str = option("", "Draft and pre-verifier dtype; empty = the target's.")
 
 
 class PacerDrafter(SpSDrafter):
@@ -325,11 +326,6 @@ class PacerDrafter(SpSDrafter):
 
     def __init__(self, options: PacerOptions | None = None, model=None, tokenizer=None, preverifier=None) -> None:
         super().__init__(options, model, tokenizer)
-        o = self.options
-        if o.block < 1 or o.max_gamma < 1:
-            raise SpecbenchError(f"{self.name}: block and max_gamma must be >= 1, got block={o.block}, max_gamma={o.max_gamma}")
-        if o.rho < 1.0 or not 0.0 <= o.threshold <= 1.0:
-            raise SpecbenchError(f"{self.name}: need 0 <= threshold <= 1 and rho >= 1, got threshold={o.threshold}, rho={o.rho}")
         self.mb = preverifier
 
     def setup(self, target: Target) -> None:

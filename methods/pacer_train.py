@@ -22,7 +22,7 @@ from specbench.training.plugin import MethodTrainer, TrainOptions, option
 @dataclass
 class PacerTrainOptions(TrainOptions):
     draft: str = option("", "SpS draft model (empty = the shipped one for the target).")
-    window: int = option(50, "Drafts per replayed step (the paper drafts 50).", min=1)
+    window: int = option(50, "Drafts per replayed step (the paper drafts 50).", ge=1)
     position_embedding: bool = option(True, "Learned draft-position embedding (off = the paper's ablation).")
     epochs: int = option(5)
     lr: float = option(5e-4)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
@@ -38,21 +39,31 @@ from methods.specblock_model import NUM_BUCKETS, KV, SpecBlockModel, rank_to_buc
 from methods.specblock_train import block1_mask
 from specbench.engine.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
+from specbench.options import option
 from specbench.engine.target import Target, TargetOutput
 from specbench.engine.tree import DraftTree, SiblingKind
 
 
 @dataclass
 class SpecBlockOptions:
-    path: str = ""  # drafter folder or hub id org/name[@rev] (ours or the published layout); empty = drafters/<target>/<variant>
-    revision: str = ""  # hub revision of path; empty = main
-    budget: int = 60  # draft nodes verified per call (paper <= 60; reference 90)
-    blocks: int = 2  # M: drafter forwards per call
-    beam_width: int = 10  # block-1 slot-0 width (slot0="beam"), and the most starts per later block
-    slot0: str = "beam"  # block-1 slot 0: "beam" = beam_width tokens (METHODS.md, the reference); "rank" = b(bucket) (paper Alg. 2)
-    branching: list[int] = field(default_factory=lambda: [2, 4, 10, 0])  # b(bucket) incl. greedy; or 2,4,6,4
-    trim: float = 0.0  # > 0: a slot whose greedy probability >= trim attaches only the greedy token (reference knob)
-    uniform_width: int = 0  # > 0: ignore the rank head; every slot attaches this many tokens (ablation)
+    path: str = option("", "Drafter folder or hub id org/name[@rev] (ours or the published layout); "
+                           "empty = drafters/<target>/<variant>.")
+    revision: str = option("", "Hub revision of path; empty = main.")
+    budget: int = option(60, "Draft nodes verified per call (paper <= 60; reference 90).", ge=1, tokens=True)
+    blocks: int = option(2, "M: drafter forwards per call.", ge=1)
+    beam_width: int = option(10, "Block-1 slot-0 width (slot0=beam), and the most starts per later block.", ge=1)
+    slot0: Literal["beam", "rank"] = option("beam", "Block-1 slot 0: beam = beam_width tokens (METHODS.md, the "
+                                                    "reference); rank = b(bucket) (paper Alg. 2).")
+    branching: list[int] = option([2, 4, 10, 0], f"b(bucket), one width per rank bucket ({NUM_BUCKETS}), greedy "
+                                                 "included; the paper's maps are 2,4,10,0 and 2,4,6,4.", ge=0)
+    trim: float = option(0.0, "> 0: a slot whose greedy probability >= trim attaches only the greedy token "
+                              "(reference knob).", ge=0, le=1)
+    uniform_width: int = option(0, "> 0: ignore the rank head; every slot attaches this many tokens (ablation).", ge=0)
+
+    def check(self, owner: str) -> None:
+        if len(self.branching) != NUM_BUCKETS:
+            raise SpecbenchError(f"{owner}: branching needs {NUM_BUCKETS} non-negative widths, one per rank bucket "
+                                 f"(got {self.branching}); the paper's maps are 2,4,10,0 and 2,4,6,4")
 
 
 @dataclass
@@ -100,16 +111,6 @@ class SpecBlockDrafter(Drafter):
 
     def __init__(self, options: SpecBlockOptions | None = None, model: SpecBlockModel | None = None) -> None:
         super().__init__(options)
-        o = self.options
-        if o.budget < 1 or o.blocks < 1 or o.beam_width < 1:
-            raise SpecbenchError(f"{self.name}: need budget, blocks and beam_width >= 1 "
-                                 f"(got {o.budget}, {o.blocks}, {o.beam_width})")
-        if len(o.branching) != NUM_BUCKETS or any(b < 0 for b in o.branching):
-            raise SpecbenchError(f"{self.name}: branching needs {NUM_BUCKETS} non-negative widths, one per rank bucket "
-                                 f"(got {o.branching}); the paper's maps are 2,4,10,0 and 2,4,6,4")
-        if o.slot0 not in ("beam", "rank"):
-            raise SpecbenchError(f"{self.name}: slot0 must be beam (beam_width tokens, the reference) or rank "
-                                 f"(b(bucket), the paper's Alg. 2), got {o.slot0!r}")
         self.model = model
 
     # ---- lifecycle ------------------------------------------------------------------------

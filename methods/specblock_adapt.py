@@ -37,6 +37,8 @@ from methods.specblock import SpecBlockDrafter, SpecBlockOptions
 from methods.specblock_model import SpecBlockModel, rank_features, rank_to_bucket
 from methods.specblock_train import block1_mask
 from specbench.engine.drafter import DecodeState, VerifyResult
+from specbench.errors import SpecbenchError
+from specbench.options import option
 from specbench.engine.target import Target, TargetOutput
 
 ACTIONS = ("skip", "head", "full")
@@ -44,19 +46,27 @@ ACTIONS = ("skip", "head", "full")
 
 @dataclass
 class AdaptOptions(SpecBlockOptions):
-    warmup_queries: int = 10
-    cold_start_events: int = 8
-    epsilon: list[float] = field(default_factory=lambda: [0.3, 0.1])  # linear over the cold-start events
-    buffer_queries: int = 8
-    value_window: int = 8  # queries before/after an event compared for the realised gain
-    cooldown: int = 2
-    s_min: float = 5.0
-    ewma: float = 0.9
-    kl_weight: float = 0.01
-    lr: float = 5e-5
-    grad_clip: float = 0.5
-    rollback_intervals: int = 3
-    seed: int = 0
+    warmup_queries: int = option(10, "Warm-up queries before the first update event.", ge=0)
+    cold_start_events: int = option(8, "First update events chosen epsilon-greedily over head and full.", ge=0)
+    epsilon: list[float] = option([0.3, 0.1], "Exploration rate, linear from the first to the second value over the "
+                                              "cold-start events.", ge=0, le=1)
+    buffer_queries: int = option(8, "Queries an action's buffer collects before its update step.", ge=0)
+    value_window: int = option(8, "Queries before/after an event compared for the realised gain (and the "
+                                  "fail-safe's interval).", ge=1)
+    cooldown: int = option(2, "Queries after an event that cannot trigger another.", ge=0)
+    s_min: float = option(5.0, "Least signal of an event whose realised gain updates the values.", ge=0)
+    ewma: float = option(0.9, "EWMA decay of the actions' values.", ge=0, le=1)
+    kl_weight: float = option(0.01, "Weight of the KL to the pre-deployment drafter.", ge=0)
+    lr: float = option(5e-5, "AdamW learning rate of the updates.", ge=0)
+    grad_clip: float = option(0.5, "Gradient-norm clip.", ge=0)
+    rollback_intervals: int = option(3, "Consecutive intervals of falling tau before the fail-safe restores a "
+                                        "snapshot.", ge=0)
+    seed: int = option(0, "Seed of the exploration draws.", ge=0)
+
+    def check(self, owner: str) -> None:
+        super().check(owner)
+        if not self.epsilon:
+            raise SpecbenchError(f"{owner}: epsilon needs one or two rates (start,end), e.g. 0.3,0.1")
 
 
 @dataclass

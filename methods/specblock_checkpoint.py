@@ -11,11 +11,12 @@ from pathlib import Path
 import torch
 
 from methods.checkpoints import check_layer_shapes, load_checked, load_ours_or_published, save_ours
-from methods.taps import check_taps, eagle3_taps
+from methods.checkpoints import read_published_weights  # whole or sharded weights
+from methods.eagle3 import check_taps, eagle3_taps
 from methods.layers import official_layer_shapes
 from methods.specblock_model import SpecBlockConfig, SpecBlockModel
 from specbench.errors import SpecbenchError
-from specbench.training.checkpoint import CONFIG, architecture, config_value, read_weights
+from specbench.training.checkpoint import CONFIG, architecture, config_value
 
 OFFICIAL_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 VOCAB_MAPPING = "vocab_mapping.pt"
@@ -71,7 +72,7 @@ def _load_official(folder: Path, raw: dict, target) -> SpecBlockModel:
     if tapped != target.hidden_size:
         raise SpecbenchError(f"drafter {folder} fuses taps of hidden size {tapped} but target {target.name!r} has "
                              f"{target.hidden_size}; use a SpecBlock drafter trained for this target")
-    state = read_weights(folder, OFFICIAL_WEIGHTS, "SpecBlock")
+    state = read_published_weights(folder, OFFICIAL_WEIGHTS, "SpecBlock")
     if "rank_head.0.weight" in state:  # the config does not record the rank head's width
         arch.rank_hidden = state["rank_head.0.weight"].shape[0]
     model = _build(arch, eagle3_taps(target.num_layers), target, folder)

@@ -4,17 +4,26 @@ The draft model keeps its own KV cache over the committed prefix; each call feed
 tokens it has not seen, drafts a chain of ``gamma`` tokens (argmax at T = 0, else sampled from
 the draft distribution, whose rows go into the tree as q), and the engine verifies the chain with
 rejection sampling against the residual (rule C with one child per node).
+
+``schedule`` picks the chain length per step: ``fixed`` (gamma every step), or transformers'
+assisted-generation schedule (``num_assistant_tokens_schedule``; Spec-Bench's SpS row): start at
+gamma (transformers' 5), +2 after a chain the target accepted whole, -1 otherwise (never below 1).
+``heuristic`` carries the length from one turn to the next, as transformers keeps it on the
+assistant model between generate calls (so the drafter's state follows the query order);
+``heuristic_transient`` resets it to gamma every turn.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
 from specbench.engine import kvcache
 from specbench.engine.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
+from specbench.options import option
 from specbench.engine.target import Target, load_located, locate_model, resolve_dtype
 from specbench.training.checkpoint import read_drafter_config
 from specbench.engine.tree import DraftTree, SiblingKind
@@ -27,12 +36,24 @@ from methods.sps_student import is_student, load_student
 
 @dataclass
 class SpSOptions:
-    # Draft model: a folder, .gguf file or hub id org/name[@rev]; "truncated:N" = the target's first N
-    # layers (untrained, weak: a starting point for distillation); empty = the shipped one for the target.
-    draft: str = ""
-    revision: str = ""  # hub revision of draft; empty = main
-    gamma: int = 5  # chain length
-    dtype: str = ""  # draft dtype; empty = the target's
+    draft: str = option("", "Draft model: a folder, .gguf file or hub id org/name[@rev]; truncated:N = the target's "
+                            "first N layers (untrained, weak: a starting point for distillation); empty = the shipped "
+                            "one for the target.")
+    revision: str = option("", "Hub revision of draft; empty = main.")
+    gamma: int = option(5, "Chain length: tokens drafted per verify call.", ge=1, tokens=True)
+    dtype: str = option("", "Draft dtype; empty = the target's.")
+    schedule: Literal["fixed", "heuristic", "heuristic_transient"] = option(
+        "fixed", "Chain length per step: fixed = gamma; heuristic = transformers' assisted generation (start at gamma, "
+                 "+2 after a chain accepted whole, -1 otherwise, carried across turns); heuristic_transient = the "
+                 "same, reset every turn.")
+
+
+SCHEDULES = ("fixed", "heuristic", "heuristic_transient")
+
+
+def next_length(length: int, accepted: int, drafted: int) -> int:
+    """transformers' heuristic: 2 longer after a chain accepted whole, else 1 shorter (never below 1)."""
+    return length + 2 if accepted == drafted else max(1, length - 1)
 
 
 def check_same_vocabulary(target_tok, draft_tok, target_vocab: int, draft_vocab: int, draft_name: str) -> None:
@@ -84,9 +105,18 @@ class SpSDrafter(Drafter):
 
     def __init__(self, options: SpSOptions | None = None, model=None, tokenizer=None) -> None:
         super().__init__(options)
-        if getattr(self.options, "gamma", 1) < 1:  # subclasses that set the length adaptively may have none
-            raise SpecbenchError(f"{self.name}: gamma must be >= 1, got {self.options.gamma}")
+        if self.schedule not in SCHEDULES:
+            raise SpecbenchError(f"{self.name}: schedule={self.schedule!r} is not one of {', '.join(SCHEDULES)}")
         self.model, self.tokenizer = model, tokenizer
+        self.length = getattr(self.options, "gamma", 1)  # the chain length of the next step
+        if self.schedule == "heuristic":
+            self.learns = True  # the length carries over between queries: their order is part of the run
+
+    @property
+    def schedule(self) -> str:
+        """This side's length schedule; subclasses whose options have no (string) schedule draft as fixed."""
+        value = getattr(self.options, "schedule", "fixed")
+        return value if isinstance(value, str) else "fixed"
 
     def setup(self, target: Target) -> None:
         super().setup(target)
@@ -118,6 +148,9 @@ class SpSDrafter(Drafter):
 
         self.cache = DynamicCache()
         self.cached: list[int] = []  # token ids whose keys/values are in self.cache
+        if self.schedule != "heuristic":
+            self.length = getattr(self.options, "gamma", 1)
+        self.step_lengths: list[int] = []  # chain length of every step, for the record
 
     def _run(self, ids: list[int], start: int, state: DecodeState):
         """One draft-model forward over ``ids`` at positions start.. (appends to the draft cache)."""
@@ -149,7 +182,7 @@ class SpSDrafter(Drafter):
 
     def _stop(self, drafts: list[int], logits: torch.Tensor, state: DecodeState) -> bool:
         """Whether the chain ends after ``drafts`` (SpS: a fixed length; subclasses adapt it)."""
-        return len(drafts) >= self.options.gamma
+        return len(drafts) >= (self.length if self.schedule != "fixed" else self.options.gamma)
 
     def propose(self, state: DecodeState) -> DraftTree:
         committed = state.tokens
@@ -170,4 +203,12 @@ class SpSDrafter(Drafter):
         return DraftTree.chain(drafts)
 
     def observe(self, state: DecodeState, result: VerifyResult) -> None:
-        pass  # the cache is cropped lazily to the committed prefix at the next propose
+        # The cache is cropped lazily to the committed prefix at the next propose.
+        if self.schedule != "fixed":
+            self.step_lengths.append(len(result.tree))
+            self.length = next_length(self.length, len(result.accepted), len(result.tree))
+
+    def end(self, state: DecodeState) -> dict:
+        if self.schedule == "fixed":
+            return {}
+        return {"mean_gamma": sum(self.step_lengths) / max(len(self.step_lengths), 1), "next_gamma": self.length}

@@ -24,18 +24,25 @@ import torch
 from methods.sps import SpSDrafter
 from specbench.engine.drafter import DecodeState, VerifyResult
 from specbench.errors import SpecbenchError
+from specbench.options import option
 
 
 @dataclass
 class SpSConfidenceOptions:
-    draft: str = ""  # as for sps
-    revision: str = ""  # hub revision of draft; empty = main
-    gamma: int = 5  # initial chain length (HF assisted generation's original num_assistant_tokens)
-    threshold: float = 0.4  # initial confidence threshold (HF default assistant_confidence_threshold)
-    schedule: bool = True  # +2 after a fully accepted chain, -1 otherwise
-    adapt_threshold: bool = True  # re-fit the threshold from observed acceptances
-    max_gamma: int = 48  # safety cap on the chain length
-    dtype: str = ""
+    draft: str = option("", "Draft model, as for sps.")
+    revision: str = option("", "Hub revision of draft; empty = main.")
+    gamma: int = option(5, "Initial chain length (HF assisted generation's original num_assistant_tokens).", ge=1,
+                        tokens=True)
+    threshold: float = option(0.4, "Initial confidence threshold (HF's default assistant_confidence_threshold).",
+                              ge=0, le=1)
+    schedule: bool = option(True, "+2 after a fully accepted chain, -1 otherwise.")
+    adapt_threshold: bool = option(True, "Re-fit the threshold from observed acceptances.")
+    max_gamma: int = option(48, "Safety cap on the chain length.", ge=1, tokens=True)
+    dtype: str = option("", "Draft dtype; empty = the target's.")
+
+    def check(self, owner: str) -> None:
+        if self.gamma > self.max_gamma:
+            raise SpecbenchError(f"{owner}: need gamma <= max_gamma, got gamma={self.gamma}, max_gamma={self.max_gamma}")
 
 
 def best_threshold(probs: list[float], matched: list[int]) -> float | None:
@@ -65,12 +72,6 @@ class SpSConfidenceDrafter(SpSDrafter):
 
     def __init__(self, options: SpSConfidenceOptions | None = None, model=None, tokenizer=None) -> None:
         super().__init__(options, model, tokenizer)
-        o = self.options
-        if not 0.0 <= o.threshold <= 1.0:
-            raise SpecbenchError(f"sps-confidence: threshold must be in [0, 1], got {o.threshold}")
-        if not 1 <= o.gamma <= o.max_gamma:
-            raise SpecbenchError(f"sps-confidence: need 1 <= gamma <= max_gamma, got gamma={o.gamma}, "
-                                 f"max_gamma={o.max_gamma}")
 
     def begin(self, state: DecodeState, prefill) -> None:
         super().begin(state, prefill)

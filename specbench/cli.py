@@ -17,6 +17,7 @@ from rich.table import Table
 
 from specbench.engine import interrupt
 from specbench.console import console, err
+from specbench.engine import VANILLA
 from specbench.errors import SpecbenchError
 from specbench.training.cli import train_app
 
@@ -43,6 +44,9 @@ def _read_config(config: Path) -> dict:
     except json.JSONDecodeError as exc:
         raise SpecbenchError(f"config file {config} is not valid JSON ({exc.msg} at line {exc.lineno}); "
                              "fix it or pass a .yaml file") from None
+    except RecursionError:
+        raise SpecbenchError(f"config file {config} nests deeper than Python can read; method options are flat, "
+                             "e.g. gamma: 5") from None
     except yaml.YAMLError as exc:
         where = getattr(exc, "problem_mark", None)
         at = f" at line {where.line + 1}" if where is not None else ""
@@ -50,10 +54,9 @@ def _read_config(config: Path) -> dict:
                              f"{at}); fix it") from None
     if loaded is None:
         return {}
-    if not isinstance(loaded, dict) or not all(isinstance(k, str) for k in loaded):
-        raise SpecbenchError(f"config file {config} must hold a mapping of option names to values "
-                             f"(got {type(loaded).__name__}), e.g. gamma: 5")
-    return loaded
+    from specbench.schemas import validate_config
+
+    return validate_config(loaded, config)
 
 
 def _parse_opts(opts: list[str], config: Optional[Path]) -> dict:
@@ -84,7 +87,7 @@ def run(
     sample: Optional[int] = typer.Option(None, help="N prompts drawn with --seed (deterministic)."),
     category: Optional[str] = typer.Option(None, help="Category (spec_bench, mt_bench) or pair (wmt23)."),
     seed: int = typer.Option(0, help="Seed for --sample and for sampling at T > 0."),
-    baseline: str = typer.Option("vanilla", help="vanilla (interleaved, same process) or none."),
+    baseline: str = typer.Option(VANILLA, help="vanilla (interleaved, same process) or none."),
     out: Optional[Path] = typer.Option(None, help="Results file (default results/<method>_<bench>_<target>_T<t>.jsonl)."),
     resume: bool = typer.Option(False, help="Continue an interrupted run in --out, skipping finished turns."),
     overwrite: bool = typer.Option(False, help="Replace an existing results file."),
@@ -119,6 +122,7 @@ def run(
 ) -> None:
     """Run METHOD (and every --also / --sweep side) on BENCH with the vanilla baseline interleaved
     prompt by prompt; print the summary table. BENCH may be a mixed stream: `mixed` or `a+b+c`."""
+    flags = dict(locals())  # every flag above, by name: a RunConfig field of the same name takes its value
     from specbench.engine.prompts import parse_template_kwargs
     from specbench.run.runner import RunConfig, Runner, summary_table
 
@@ -129,15 +133,11 @@ def run(
     if method is None or bench is None:
         raise SpecbenchError("run needs --method and --bench (or --preset PRESET)")
 
-    cfg = RunConfig(method=method, bench=bench, options=_parse_opts(opt, config), label=label, target=target,
-                    dtype=dtype, device=device, device_map=device_map, attn_implementation=attn, temperature=temperature, top_k=top_k,
-                    top_p=top_p, max_new_tokens=max_new_tokens, seed=seed, baseline=baseline, limit=limit,
-                    sample=sample, category=category, data_dir=data_dir, system_prompt=system_prompt,
-                    on_long_prompt=on_long_prompt, out=str(out) if out else None, resume=resume,
-                    overwrite=overwrite, warmup=warmup, sweep=sweep, also=list(also), passes=passes,
-                    target_revision=target_revision, chat_template=chat_template,
-                    chat_template_kwargs=parse_template_kwargs(list(chat_template_kwargs)),
-                    repeats=repeats, budget=budget)
+    same_named = {name: flags[name] for name in RunConfig.__dataclass_fields__ if name in flags}
+    converted = {"options": _parse_opts(opt, config), "attn_implementation": attn, "out": str(out) if out else None,
+                 "also": list(also), "chat_template_kwargs": parse_template_kwargs(list(chat_template_kwargs)),
+                 "config_file": str(config) if config else None}
+    cfg = RunConfig(**{**same_named, **converted})
     runner = Runner(cfg, err)
     records = runner.run()
     if not runner.world.main:
@@ -160,6 +160,7 @@ def merge(
     import glob
 
     from specbench.run.merge import find_parts, merge_runs, write_run
+    from specbench.run.safe_files import check_output
 
     if parts:
         sources = [Path(p) for pattern in parts for p in (sorted(glob.glob(pattern)) or [pattern])]
@@ -167,12 +168,20 @@ def merge(
         sources = find_parts(out) + ([out] if out.exists() else [])
         if not sources:
             raise SpecbenchError(f"no part files of {out} found ({out.name}.part-RofN); name the parts to merge")
-    if out.exists() and out not in sources and not overwrite:
+    check_output(out)  # a folder, device, FIFO or symlink is refused before anything is read
+    if out.exists() and not any(_same_file(out, source) for source in sources) and not overwrite:
         raise SpecbenchError(f"{out} already exists; pass --overwrite to replace it, or add it to the inputs")
     meta, lines = merge_runs(sources)
     write_run(out, meta, lines)
     n = sum(1 for o in lines if o["type"] == "record")
     console.print(f"merged {n} records from {len(sources)} files -> {out}")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _parse_drafters(items: list[str]) -> dict[str, str]:
@@ -234,13 +243,14 @@ def export(
     out: Optional[Path] = typer.Option(None, help="Output folder (default RESULTS_spec-bench/ beside the file)."),
     tokenizer: Optional[str] = typer.Option(None, help="Tokenizer to decode answers (default: the run's target)."),
     data_dir: Optional[str] = typer.Option(None, help="Folder of benchmark JSONL files, for question categories."),
+    overwrite: bool = typer.Option(False, help="Replace answer files that already exist."),
 ) -> None:
     """Write Spec-Bench answer files (one per method, vanilla included) that its evaluation/speed.py reads."""
     from specbench.analysis.export import FORMATS, export_spec_bench
 
     if format not in FORMATS:
         raise SpecbenchError(f"unknown export format {format!r}; known: {', '.join(FORMATS)}")
-    written = export_spec_bench(results, out, tokenizer, data_dir)
+    written = export_spec_bench(results, out, tokenizer, data_dir, overwrite=overwrite)
     for path in written:
         console.print(str(path))
 
@@ -257,14 +267,19 @@ def list_presets() -> None:
 
 
 @list_app.command("methods")
-def list_methods() -> None:
+def list_methods(method: Optional[str] = typer.Argument(None, help="A method: list its --opt options instead "
+                                                                    "(type, default, range, help).")) -> None:
     """Registered drafting methods (entry-point group specbench.methods): what each is called in
     reports, what it ablates, and the `specbench train` command that makes its weights."""
-    from specbench.engine.drafter import available_methods, method_class
+    from specbench.engine.registry import available_methods, method_class
     from specbench.training.plugin import registered_trainers, trainer_of
 
+    if method is not None:
+        _list_options(method_class(method))
+        return
     command_of = {trainer: command for command, trainer in registered_trainers().items()}
-    table = Table("method", "label", "ablation of", "--budget B sets", "train", "implementation")
+    table = Table("method", "label", "ablation of", "--budget B sets", "train", "implementation",
+                  caption="a method's options (type, default, range, help): specbench list methods NAME")
     for name, where in available_methods().items():
         try:
             cls = method_class(name)
@@ -276,6 +291,17 @@ def list_methods() -> None:
         table.add_row(name, cls.label or name, cls.ablation_of or "", budget,
                       f"specbench train {command_of[trainer]}" if trainer in command_of else "", where)
     console.print(table)
+
+
+def _list_options(cls) -> None:
+    """One method's options, from its declaration (what --opt and --config accept)."""
+    from specbench.options import describe
+
+    rows = describe(cls.Options)
+    table = Table("option", "type", "default", "range", "help", title=f"{cls.name} options (--opt KEY=VALUE)")
+    for row in rows:
+        table.add_row(*(escape(row[k]) for k in ("option", "type", "default", "range", "help")))
+    console.print(table if rows else f"{cls.name} takes no options")
 
 
 @list_app.command("benches")
@@ -310,6 +336,55 @@ def list_models() -> None:
 
 
 @app.command()
+def parity(
+    method: Optional[str] = typer.Argument(None, help="Method to compare with its authors' implementation."),
+    all_methods: bool = typer.Option(False, "--all", help="Every method with a registered reference, in turn."),
+    bench: str = typer.Option("humaneval", help="Benchmark name or a .jsonl file."),
+    limit: int = typer.Option(12, help="First N prompts."),
+    max_new_tokens: int = typer.Option(128, help="New tokens per prompt (cut at EOS)."),
+    target: str = typer.Option("smollm2-135m", help="Target (as for `specbench run`)."),
+    device: str = typer.Option("cpu", help="cpu, cuda or cuda:N (cuda writes under results/gpu/)."),
+    dtype: str = typer.Option("float32", help="float32 (exact text) or bfloat16."),
+    opt: list[str] = typer.Option([], "--opt", help="Method option key=value, given to both sides (repeatable)."),
+    data_dir: Optional[str] = typer.Option(None, help="Folder of benchmark JSONL files (else $SPECBENCH_DATA)."),
+    out: Optional[Path] = typer.Option(None, help="Parity file (default results/[gpu/]parity/<method>_<bench>_<target>.jsonl)."),
+) -> None:
+    """Run METHOD and its authors' reference implementation interleaved in one process; write the per-prompt
+    records and refresh the parity table (reports/parity_table.md, or results/gpu/ on CUDA)."""
+    from specbench.run.parity import ParityConfig, available_references, run_parity, table_folder
+
+    if all_methods == (method is not None):
+        raise SpecbenchError("parity needs one METHOD or --all (methods with a reference: "
+                             f"{', '.join(available_references()) or 'none'})")
+    if all_methods and (out is not None or opt):
+        raise SpecbenchError("--out and --opt apply to one method; drop them with --all (each method runs its "
+                             "defaults, or the options its reference declares)")
+    refused: list[str] = []
+    for name in list(available_references()) if all_methods else [method]:
+        cfg = ParityConfig(method=name, bench=bench, limit=limit, max_new_tokens=max_new_tokens, target=target,
+                           device=device, dtype=dtype, options=_parse_opts(opt, None), data_dir=data_dir,
+                           out=str(out) if out else None)
+
+        def shown(done: int, total: int, line: dict, name: str = name) -> None:
+            err.print(f"{name} {done}/{total} {line['prompt_id']}: text {'=' if line['text_identical'] else '≠'}, "
+                      f"τ {line['ours']['tau']:.2f} / {line['ref']['tau']:.2f}, "
+                      f"decode {line['ours']['decode_s']:.2f}s / {line['ref']['decode_s']:.2f}s", highlight=False)
+
+        try:
+            written = run_parity(cfg, progress=shown)
+        except SpecbenchError as exc:
+            if not all_methods:
+                raise
+            refused.append(name)  # --all: say why, go on with the other methods
+            err.print(f"[red]error:[/] {_one_line(str(exc))}", highlight=False, soft_wrap=True)
+            continue
+        console.print(f"records: {written}")
+        console.print(f"table: {table_folder(cfg, written) / 'parity_table.md'}")
+    if refused:
+        raise SpecbenchError(f"parity refused {', '.join(refused)} (the lines above say why); the table has the others")
+
+
+@app.command()
 def report(
     results: list[str] = typer.Argument(None, help="Result files or globs (default results/*.jsonl)."),
     out_dir: Path = typer.Option(Path("reports"), help="Where tables and figures go."),
@@ -332,7 +407,8 @@ def _interrupted_line(exc: interrupt.Interrupted) -> str:
     if len(sys.argv) > 1 and sys.argv[1] == "train":
         return f"interrupted ({signal_name}); checkpoint saved; resume with: {interrupt.resume_command(flag='')}"
     kept = getattr(exc, "kept", None)
-    what = f"{signal_name}; finished records kept in {kept}" if kept else signal_name
+    kept = f"finished records kept in {kept}" if kept else interrupt.kept()
+    what = f"{signal_name}; {kept}" if kept else signal_name
     return f"interrupted ({what}); resume with: {interrupt.resume_command()}"
 
 
@@ -363,31 +439,42 @@ def main() -> None:
     warnings.filterwarnings("ignore", message=".*GGUF.*")
     # Runs and trainings stop at their next step boundary on Ctrl-C / SIGTERM; other commands stop at once.
     graceful = sys.argv[1:2] == ["run"] or (sys.argv[1:2] == ["train"] and sys.argv[2:3] != ["data"])
-    try:
-        with interrupt.graceful() if graceful else contextlib.nullcontext():
+    # A run's step (one forward) that has not reached its boundary ESCALATE_S seconds after a signal is
+    # stopped where it is: its turn is not recorded anyway. Training keeps the wait: it saves a checkpoint.
+    escalate = interrupt.ESCALATE_S if sys.argv[1:2] == ["run"] else None
+    # The handlers stay installed while the outcome is printed (settle() makes later signals no-ops),
+    # so a second Ctrl-C cannot cut the last line short.
+    with interrupt.graceful(escalate) if graceful else contextlib.nullcontext():
+        try:
             code = app(standalone_mode=False)
-        sys.exit(code if isinstance(code, int) else 0)
-    except typer.TyperException as exc:  # click's usage errors: one line, not a usage box
-        _usage_error(exc)
-    except SpecbenchError as exc:
-        err.print(f"[red]error:[/] {_one_line(str(exc))}", highlight=False, soft_wrap=True)
-        sys.exit(2)
-    except OSError as exc:  # a path the system refuses (name too long, ...) that no check above caught
-        if exc.filename is None:
-            raise
-        err.print(f"[red]error:[/] {_one_line(f'{exc.filename}: {exc.strerror}')}; pass another path",
-                  highlight=False, soft_wrap=True)
-        sys.exit(2)
-    except interrupt.Interrupted as exc:
-        err.print(_one_line(_interrupted_line(exc)), highlight=False, soft_wrap=True)
-        sys.exit(exc.exit_code)
-    except (KeyboardInterrupt, typer.Abort):
-        err.print("interrupted; rerun with --resume to continue")
-        sys.exit(130)
-    finally:
-        from specbench.run import distributed
+            interrupt.settle()
+            sys.exit(code if isinstance(code, int) else 0)
+        except typer.TyperException as exc:  # click's usage errors: one line, not a usage box
+            interrupt.settle()
+            _usage_error(exc)
+        except SpecbenchError as exc:
+            interrupt.settle()
+            err.print(f"[red]error:[/] {_one_line(str(exc))}", highlight=False, soft_wrap=True)
+            sys.exit(2)
+        except OSError as exc:  # a path the system refuses (name too long, ...) that no check above caught
+            interrupt.settle()
+            if exc.filename is None:
+                raise
+            err.print(f"[red]error:[/] {_one_line(f'{exc.filename}: {exc.strerror}')}; pass another path",
+                      highlight=False, soft_wrap=True)
+            sys.exit(2)
+        except interrupt.Interrupted as exc:
+            interrupt.settle()
+            err.print(_one_line(_interrupted_line(exc)), highlight=False, soft_wrap=True)
+            sys.exit(exc.exit_code)
+        except (KeyboardInterrupt, typer.Abort):
+            interrupt.settle()
+            err.print("interrupted (SIGINT); rerun the command to start it again")
+            sys.exit(130)
+        finally:
+            from specbench.run import distributed
 
-        distributed.shutdown()
+            distributed.shutdown()
 
 
 if __name__ == "__main__":

@@ -31,6 +31,8 @@ class GenerationRecord:
     extra: dict = field(default_factory=dict)  # drafter-specific statistics
     times_repeats: list[dict[str, float]] = field(default_factory=list)  # --repeats: every repeat's `times`; `times` = the median one
     load_avg: list[float] | None = None  # the machine's load average (1, 5, 15 min) when this turn finished
+    divergence: dict | None = None  # T = 0 method turns: identical / near-tie / unexplained vs vanilla (divergence.py)
+    chain_calls: int = -1  # verify calls whose draft was a chain (causal kernel; the rest were masked trees); -1: not recorded
 
     @property
     def num_new(self) -> int:

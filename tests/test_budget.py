@@ -4,7 +4,7 @@ budget is part of the run's identity and header."""
 
 import pytest
 
-from specbench.engine.drafter import method_class, parse_options
+from specbench.engine.registry import method_class, parse_options
 from specbench.errors import SpecbenchError
 from specbench.run.runner import RunConfig, run_sides, validate
 from test_cli import cli, read

@@ -12,14 +12,17 @@ import inspect
 import json
 import os
 import re
+import typing
 from collections import Counter
 from pathlib import Path
+from typing import Literal
 
 import typer.main
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from specbench import options
 from specbench.cli import app
-from specbench.engine.drafter import available_methods, method_class
+from specbench.engine.registry import available_methods, method_class
 from specbench.engine.target import Target
 from test_cli import cli
 
@@ -44,6 +47,21 @@ def _leaf_commands():
 COMMANDS = _leaf_commands()
 METHODS = sorted(available_methods())
 OPTION_FIELDS = {m: {f.name: str(f.type) for f in dataclasses.fields(method_class(m).Options)} for m in METHODS}
+
+
+def _declared_values(option) -> list[str]:
+    """Values at and just past an option's declared range, and its Literal choices (and a near miss)."""
+    element = option.element
+    if typing.get_origin(element) is Literal:
+        return [*map(str, typing.get_args(element)), str(typing.get_args(element)[0]).upper()]
+    edges = [bound for bound in (option.ge, option.gt, option.le, option.lt) if bound is not None]
+    if option.tokens:
+        edges.append(options.LONGEST_CONTEXT)
+    step = 1 if element is int else 1e-9
+    return [str(v) for edge in edges for v in (edge - step, edge, edge + step)]
+
+
+DECLARED = {m: {d.name: _declared_values(d) for d in options.declared(method_class(m).Options)} for m in METHODS}
 
 
 def _kind(cmd, param) -> str:
@@ -115,7 +133,8 @@ def method_opt(draw, method: str, paths: dict[str, str]):
     key = draw(st.sampled_from(sorted(fields) + ["gama", "", "top-k"])) if fields else draw(_text(6))
     kind = fields.get(key, "str")
     kind = "float" if "float" in kind else "int" if "int" in kind and "list" not in kind else "str"
-    value = draw(values(kind, key, paths))
+    edges = DECLARED.get(method, {}).get(key)
+    value = draw(st.sampled_from(edges)) if edges and draw(st.booleans()) else draw(values(kind, key, paths))
     return f"{key}={value}"
 
 
@@ -223,3 +242,217 @@ def test_cli_fuzz(tmp_path, capsys, monkeypatch):
         Path(os.environ["SPECBENCH_FUZZ_SUMMARY"]).write_text(json.dumps(summary, indent=2) + "\n")
     assert STATS["examples"] >= 500
     assert not failures, "\n".join(f"{argv}: {why}" for argv, why in failures[:20])
+
+
+# ------------------------------------------------------------------------------------------------------
+# File contents and paths: the same promise for what the files hold and where the output goes. Prompt,
+# config and results files with drawn field types, encodings, nesting, lone surrogates and duplicate ids;
+# outputs that alias an input (the very file, a hard link, a symlink), a device, a FIFO or a folder; and a
+# second writer holding the results file. Each example must end as above AND leave every input file
+# byte-identical, with no temporary, lock or .merging file behind.
+
+FILE_EXAMPLES = int(os.environ.get("SPECBENCH_FILE_FUZZ", "300"))
+FILE_STATS = {"examples": 0, "classes": Counter(), "outcomes": Counter(), "failures": 0}
+
+JSON_LEAVES = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=False),
+                        st.text(max_size=8), st.sampled_from(["\ud800", "a\udfffb", "", " "]))
+JSON_VALUES = st.recursive(JSON_LEAVES, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                               st.dictionaries(st.text(max_size=5), inner, max_size=3)),
+                           max_leaves=8)
+
+
+def _nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+@st.composite
+def prompt_line(draw) -> str:
+    """One prompt-file line: mostly well formed, with one field drawn from anything JSON can hold."""
+    row = {"id": draw(st.one_of(st.sampled_from(["a", "b", 1, "1", 2]), JSON_LEAVES)),
+           "turns": draw(st.one_of(st.lists(st.sampled_from(["Say hi.", "Count.", "x"]), min_size=1, max_size=2),
+                                   JSON_VALUES))}
+    for key in draw(st.lists(st.sampled_from(["reference", "meta", "category", "turns", "id"]), max_size=2)):
+        row[key] = draw(JSON_VALUES)
+    text = json.dumps(row, ensure_ascii=True)  # surrogates as \ud800 escapes, as a hostile file holds them
+    if draw(st.integers(0, 9)) == 0:
+        text = text[:-1] + f', "deep": {_nested(draw(st.sampled_from([40, 3000])))}}}'
+    return text
+
+
+@st.composite
+def prompt_file_bytes(draw) -> tuple[bytes, str]:
+    lines = draw(st.lists(prompt_line(), min_size=1, max_size=4))
+    if draw(st.booleans()):  # a duplicate id, the classic silent loss
+        lines.append(lines[0])
+    text = "\n".join(lines) + "\n"
+    encoding = draw(st.sampled_from(["utf-8"] * 6 + ["utf-16", "utf-8-sig", "latin-1", "cp1252"]))
+    try:
+        return text.encode(encoding), f"prompts/{encoding}"
+    except UnicodeEncodeError:
+        return text.encode("utf-8"), "prompts/utf-8"
+
+
+@st.composite
+def config_bytes(draw) -> tuple[bytes, str]:
+    kind = draw(st.sampled_from(["json", "yaml", "deep"]))
+    if kind == "deep":
+        return _nested(draw(st.sampled_from([40, 5000]))).encode(), "config/deep"
+    options = draw(st.dictionaries(st.sampled_from(["gamma", "draft", "x", ""]), JSON_VALUES, max_size=3))
+    if kind == "json":
+        return json.dumps(options).encode(), "config/json"
+    import yaml
+
+    return yaml.safe_dump(options, allow_unicode=False).encode("utf-8", "surrogatepass"), "config/yaml"
+
+
+def _record(pid: str, method: str) -> dict:
+    return {"type": "record", "method": method, "new_tokens": [1, 2, 3], "prompt_tokens": 5, "stop_reason": "length",
+            "times": {"prefill": 0.1, "draft": 0.0, "verify": 0.2, "commit": 0.0}, "n_verify": 2,
+            "accept_lengths": [0, 1], "tree_sizes": [1, 1], "depth_attempts": [2], "depth_accepts": [1],
+            "bench": "p", "prompt_id": pid, "turn": 0, "seed": 0, "temperature": 0.0}
+
+
+@st.composite
+def results_bytes(draw) -> tuple[bytes, str]:
+    """A small results file, then one damage: a field of a drawn type, a line twice, a second header,
+    a cut tail."""
+    header = {"type": "header", "meta": {"config_hash": "abc", "target": "smollm2-135m", "temperature": 0.0,
+                                         "bench": "p", "stream": ["a", "b"], "stream_turns": [1, 1],
+                                         "sides": ["sps", "vanilla"]}}
+    lines = [header] + [_record(pid, m) for pid in ("a", "b") for m in ("sps", "vanilla")]
+    damage = draw(st.sampled_from(["field", "field", "twice", "header twice", "cut", "none"]))
+    if damage == "field":
+        line = draw(st.integers(0, len(lines) - 1))
+        target = lines[line]["meta"] if line == 0 else lines[line]
+        target[draw(st.sampled_from(sorted(target)))] = draw(JSON_VALUES)
+    texts = [json.dumps(x, ensure_ascii=True) for x in lines]
+    if damage == "twice":
+        texts.append(texts[draw(st.integers(1, len(texts) - 1))])
+    elif damage == "header twice":
+        texts += texts
+    data = ("\n".join(texts) + "\n").encode()
+    if damage == "cut":
+        data = data[: draw(st.integers(1, len(data) - 1))]
+    return data, f"results/{damage}"
+
+
+def _file_invocation(draw, tmp: Path, models_dir: str) -> tuple[list[str], list[Path], str]:
+    """(argv, the input files that must stay byte-identical, the class of the example)."""
+    case = draw(st.sampled_from(["prompts", "config", "results", "alias", "alias", "writer"]))
+    prompts, config, results = tmp / "in" / "p.jsonl", tmp / "in" / "cfg.json", tmp / "in" / "r.jsonl"
+    prompts.write_text('{"id": "a", "turns": ["Say hi."]}\n{"id": "b", "turns": ["Count."]}\n')
+    config.write_text('{"gamma": 3}')
+    results.write_bytes(draw(results_bytes())[0])
+    out = tmp / "out" / "r.jsonl"
+    label = case
+    if case == "prompts":
+        data, label = draw(prompt_file_bytes())
+        prompts.write_bytes(data)
+    elif case == "config":
+        data, label = draw(config_bytes())
+        config = config.with_suffix(".yaml" if label.endswith("yaml") else ".json")
+        config.write_bytes(data)
+    elif case == "results":
+        data, label = draw(results_bytes())
+        results.write_bytes(data)
+        command = draw(st.sampled_from(["report", "merge", "export", "resume"]))
+        label = f"{label} ({command})"
+        if command == "report":
+            return ["report", str(results), "--out-dir", str(tmp / "out" / "rep")], [results], label
+        if command == "merge":
+            return ["merge", str(results), "--out", str(out)], [results], label
+        if command == "export":
+            return ["export", str(results), "--out", str(tmp / "out" / "sb"), "--tokenizer", "/nonexistent"], \
+                [results], label
+        out = results
+    elif case == "alias":
+        kind = draw(st.sampled_from(["prompts", "config", "hard link", "symlink", "dangling symlink", "fifo",
+                                     "/dev/null", "folder", "export over prompts", "merge into folder"]))
+        label = f"alias/{kind}"
+        out.parent.mkdir(exist_ok=True)
+        if kind == "prompts":
+            out = prompts
+        elif kind == "config":
+            out = config
+        elif kind == "hard link":
+            os.link(prompts, out)
+        elif kind in ("symlink", "dangling symlink"):
+            out.symlink_to(prompts if kind == "symlink" else tmp / "nowhere")
+        elif kind == "fifo":
+            os.mkfifo(out)
+        elif kind == "/dev/null":
+            out = Path("/dev/null")
+        elif kind == "folder":
+            out.mkdir()
+        elif kind == "export over prompts":
+            return ["train", "data", "--prompts", str(prompts), "--export", str(prompts)], [prompts, config], label
+        else:
+            out.mkdir()
+            return ["merge", str(results), "--out", str(out)], [prompts, config, results], label
+    argv = ["run", "--method", "sps", "--bench", str(prompts), "--target", models_dir, "--limit", "2",
+            "--opt", "draft=truncated:1", "--config", str(config), "--out", str(out), "--no-warmup"]
+    argv += draw(st.sampled_from([[], ["--overwrite"], ["--resume"]]))
+    if case == "writer":
+        label = "concurrent writer"
+    return argv, [prompts, config, results], label
+
+
+def test_file_fuzz(tmp_path, capsys, monkeypatch, models):
+    """Drawn file contents and output paths: one line + exit 2, or exit 0, or the model load reached;
+    every input byte-identical afterwards; no strays; a held results file refused naming its holder."""
+    import shutil
+
+    from specbench.run.safe_files import WriterLock
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(Target, "load", classmethod(lambda cls, *a, **k: (_ for _ in ()).throw(LoadReached())))
+    failures = []
+
+    @settings(max_examples=FILE_EXAMPLES, derandomize=True, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def one(data):
+        work = tmp_path / "case"
+        shutil.rmtree(work, ignore_errors=True)
+        (work / "in").mkdir(parents=True)
+        (work / "out").mkdir()
+        argv, inputs, label = _file_invocation(data.draw, work, models["target"])
+        before = {p: p.read_bytes() for p in inputs if p.is_file()}
+        held = WriterLock(Path(argv[argv.index("--out") + 1])) if label == "concurrent writer" else None
+        FILE_STATS["examples"] += 1
+        FILE_STATS["classes"][label.split(" (")[0].split("/")[0]] += 1
+        try:
+            code, _, err = cli(argv, capsys)
+        except LoadReached:
+            capsys.readouterr()
+            code, err = None, ""
+        except Exception as exc:  # noqa: BLE001 - the failure being hunted
+            capsys.readouterr()
+            failures.append((label, argv, f"{type(exc).__name__}: {exc}"[:300]))
+            return
+        finally:
+            if held is not None:
+                held.release()
+        lines = [x for x in err.strip().splitlines() if "it/s]" not in x]
+        outcome = "reached the model load" if code is None else f"exit {code}"
+        FILE_STATS["outcomes"][outcome] += 1
+        if code not in (None, 0) and not (code == 2 and len(lines) == 1 and "Traceback" not in err):
+            failures.append((label, argv, f"exit {code}, stderr: {err[-300:]!r}"))
+        if held is not None and code != 2:
+            failures.append((label, argv, "a second writer was not refused"))
+        changed = [str(p) for p, data in before.items() if not p.is_file() or p.read_bytes() != data]
+        strays = [str(p) for p in work.rglob("*") if p.name.endswith((".tmp", ".lock", ".merging"))]
+        if changed or strays:
+            failures.append((label, argv, f"changed {changed}, strays {strays}"))
+
+    one()
+    FILE_STATS["failures"] = len(failures)
+    summary = {"examples": FILE_STATS["examples"], "classes": dict(FILE_STATS["classes"]),
+               "outcomes": dict(FILE_STATS["outcomes"]), "failures": len(failures)}
+    with capsys.disabled():
+        print(f"\nfile fuzz summary: {json.dumps(summary)}")
+    if os.environ.get("SPECBENCH_FUZZ_SUMMARY"):
+        path = Path(os.environ["SPECBENCH_FUZZ_SUMMARY"])
+        path.with_name(path.stem + "_files" + path.suffix).write_text(json.dumps(summary, indent=2) + "\n")
+    assert FILE_STATS["examples"] >= 0.8 * FILE_EXAMPLES
+    assert not failures, "\n".join(f"{label}: {argv}: {why}" for label, argv, why in failures[:20])

@@ -140,7 +140,7 @@ def test_results_damaged_in_the_middle_is_refused_untouched(models, tmp_path, ca
     out.write_text("".join(lines))
     before = out.read_bytes()
     code, _, err = cli(base_args(models, out, "--resume"), capsys)
-    assert_one_line(code, err, str(out), "damaged at line 3", "move it aside")
+    assert_one_line(code, err, str(out), "damaged at line 3", "move the file aside")
     assert out.read_bytes() == before
 
 

@@ -10,7 +10,7 @@ import torch
 
 from methods.dflash import DFlashModel
 from methods.ddtree import DDTreeDrafter, DDTreeOptions, best_first_prefixes, compile_tree, ddtree_from_log_probs
-from specbench.engine.drafter import create_drafter, method_class
+from specbench.engine.registry import create_drafter, method_class
 from specbench.engine.loop import GenerationConfig, generate
 from specbench.errors import SpecbenchError
 from specbench.engine.tree import DraftTree

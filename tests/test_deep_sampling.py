@@ -26,17 +26,20 @@ from methods.ddtree import DDTreeDrafter
 from methods.dflash import DFlashDrafter, DFlashModel
 from methods.dvi import DVIDrafter, DVIOptions
 from methods.eagle3 import Eagle3Drafter, Eagle3Model, Eagle3Options, eagle3_taps
+from methods.lookahead import LookaheadDrafter, LookaheadOptions
 from methods.medusa import MedusaDrafter, MedusaHeads, MedusaOptions
 from methods.pacer import PacerDrafter, PacerNoGrowthDrafter, PacerNoPosDrafter, PacerOptions, PreVerifier
+from methods.pld import PLDDrafter, PLDOptions
 from methods.specblock import SpecBlockDrafter, SpecBlockOptions
 from methods.specblock_adapt import AdaptOptions, OSDOptions, SpecBlockAdaptDrafter, SpecBlockOSDDrafter
 from methods.specblock_model import SpecBlockConfig, SpecBlockModel
 from methods.specblock_train import LossSettings, SpecBlockLoss
 from methods.sps import SpSDrafter, SpSOptions
 from methods.sps_confidence import SpSConfidenceDrafter, SpSConfidenceOptions
+from methods.suffix import SuffixDrafter, SuffixOptions, arctic_available
 from specbench.engine.vanilla import VanillaDrafter
 from specbench.engine import loop as engine, kvcache
-from specbench.engine.drafter import available_methods, method_class
+from specbench.engine.registry import available_methods, method_class
 from specbench.engine.loop import GenerationConfig, generate
 from specbench.engine.target import Target
 from specbench.training.batch import TrainBatch
@@ -167,6 +170,14 @@ def dflash(cls, **options):
     return build
 
 
+
+def suffix():
+    if not arctic_available():
+        pytest.skip("suffix needs arctic-inference (extra 'suffix')")
+    # One drafter for every sample: its memory of earlier responses is what it drafts from.
+    return small_target(), SuffixDrafter(SuffixOptions(max_spec=6, spec_factor=2.0))
+
+
 # name -> (build, break): builds a fresh (target, drafter); the break names the negative control.
 CASES = {
     "vanilla": (lambda: (small_target(), VanillaDrafter()), "forget_last_row"),
@@ -191,6 +202,11 @@ CASES = {
         budget=24, beam_width=4, uniform_width=3)), "rows_off_by_one"),
     "specblock-adapt": (specblock(SpecBlockAdaptDrafter, AdaptOptions(**LEARNING)), "rows_off_by_one"),
     "specblock-osd": (specblock(SpecBlockOSDDrafter, OSDOptions(**LEARNING)), "rows_off_by_one"),
+    "pld": (lambda: (small_target(), PLDDrafter(PLDOptions(gamma=6, ngram=2))), "accept_one_more"),
+    "suffix": (suffix, "rows_off_by_one"),
+    # Window rows shifted by one node differ too little in a 2-layer random model; an extra accepted node does not.
+    "lookahead": (lambda: (small_target(), LookaheadDrafter(LookaheadOptions(window=4, ngram=4, guess=4))),
+                  "accept_one_more"),
 }
 
 

@@ -12,7 +12,8 @@ from safetensors.torch import save_file
 from methods.dflash import (DFlashDrafter, DFlashModel, DFlashOptions, block_labels, choose_mask_token,
                             default_layer_ids, sample_anchors, training_mask)
 from specbench.engine.vanilla import VanillaDrafter
-from specbench.engine.drafter import DecodeState, create_drafter, method_class
+from specbench.engine.drafter import DecodeState
+from specbench.engine.registry import create_drafter, method_class
 from specbench.engine.loop import GenerationConfig, generate
 from specbench.errors import SpecbenchError
 from specbench.engine.timing import PhaseTimer

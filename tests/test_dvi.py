@@ -33,7 +33,7 @@ def test_bad_options_are_one_line_errors():
     target = tiny_target(0, layers=4)
     with pytest.raises(SpecbenchError, match="split layer 4 is out of range; use 1..3"):
         ready(DVIDrafter(DVIOptions(layer=4)), target)
-    with pytest.raises(SpecbenchError, match="objective 'rl' is unknown"):
+    with pytest.raises(SpecbenchError, match="option objective must be one of 'kl-rl', 'kl', 'pg', 'ce'"):
         DVIDrafter(DVIOptions(objective="rl"))
     with pytest.raises(SpecbenchError, match="k must be >= 1"):
         DVIDrafter(DVIOptions(k=0))

@@ -8,11 +8,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from methods.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Model, Eagle3Options
-from methods.taps import eagle3_taps
-from methods.tree_select import select_nodes
+from methods.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Model, Eagle3Options, eagle3_taps, select_nodes
 from specbench.engine.vanilla import VanillaDrafter
-from specbench.engine.drafter import DecodeState, create_drafter, method_class
+from specbench.engine.drafter import DecodeState
+from specbench.engine.registry import create_drafter, method_class
 from specbench.engine.loop import GenerationConfig, generate
 from specbench.errors import SpecbenchError
 from specbench.engine.timing import PhaseTimer

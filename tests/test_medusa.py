@@ -10,7 +10,7 @@ from safetensors.torch import save_file
 from methods.medusa import (MC_SIM_7B_63, MedusaDrafter, MedusaHeads, MedusaOptions, TreeSkeleton, load_medusa,
                             official_key_map, resolve_choices, save_medusa)
 from specbench.engine.vanilla import VanillaDrafter
-from specbench.engine.drafter import create_drafter
+from specbench.engine.registry import create_drafter
 from specbench.engine.loop import GenerationConfig, generate
 from specbench.errors import SpecbenchError
 from specbench.training.batch import TrainBatch

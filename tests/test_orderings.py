@@ -118,6 +118,6 @@ def test_load_flag_and_its_mark_in_the_report(tmp_path: Path):
         (tmp_path / name).write_text("\n".join(json.dumps(x) for x in lines) + "\n")
         write_report(tmp_path / name, tmp_path / name.replace(".jsonl", ""), figures=False)
         md = (tmp_path / name.replace(".jsonl", "") / "main_table.md").read_text()
-        assert (f"2.00× (n=1) {MARK}" in md) == (name == "busy.jsonl")
+        assert (f"2.00× [2.00, 2.00] (n=1) {MARK}" in md) == (name == "busy.jsonl")
         tex = (tmp_path / name.replace(".jsonl", "") / "main_table.tex").read_text()
         assert (r"\ddag{}" in tex) == (name == "busy.jsonl")

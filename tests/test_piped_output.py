@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 from specbench.console import make_console
-from specbench.engine.drafter import available_methods
+from specbench.engine.registry import available_methods
 
 
 def test_piped_list_names_every_method_whole():

@@ -27,22 +27,54 @@ def test_specblock_table1_dry_run_prints_the_papers_settings(capsys, tmp_path):
     assert code == 0
     assert "max new tokens: 1024" in out  # App. A.4 / harness README
     assert "temperatures: 0, 1" in out  # §4.1
+    # App. A.4's counts: the whole NQ dev split and all of WMT-23 de-en; Alpaca's 4,000 are not available offline.
     for line in ("humaneval: 164 prompts, 164 turns", "math500: 500 prompts, 500 turns",
-                 "natural_questions: 200 prompts, 200 turns (first 200", "mt_bench: 80 prompts, 160 turns",
-                 "wmt23: 200 prompts, 200 turns (first 200", "alpaca: 80 prompts"):
+                 "natural_questions: 3610 prompts, 3610 turns (all 3610; paper n=3610)", "mt_bench: 80 prompts, 160 turns",
+                 "wmt23: 549 prompts, 549 turns (all 549; paper n=549)", "alpaca: 80 prompts, 80 turns (all 80; paper n=4000)"):
         assert line in out
-    assert "specblock: specblock path=weijiezz/SpecBlock-Llama-3.1-8B-Instruct blocks=2 beam_width=10 budget=90" in out
-    assert "eagle3: eagle3 path=weijiezz/EAGLE3-Llama-3.1-8B-Instruct depth=7 top_k=4 total_tokens=20" in out
+    # §4.1: every tree method gets the same verifier tree of up to 60 nodes.
+    assert "specblock: specblock path=weijiezz/SpecBlock-Llama-3.1-8B-Instruct blocks=2 beam_width=10 budget=60" in out
+    assert "eagle3: eagle3 path=weijiezz/EAGLE3-Llama-3.1-8B-Instruct depth=7 top_k=10 total_tokens=60" in out
     assert "sps: sps draft=meta-llama/Llama-3.2-1B" in out
     assert "NOT RUN medusa" in out and "specbench train medusa" in out
+    assert "dtype: bfloat16  [not stated by the paper; the authors' harness loads the target in bfloat16" in out
+    assert "variants: specblock-table1-harness" in out
     assert "paper metric: end_to_end_speedup" in out
     assert "runs (12 results files)" in out  # 6 benches x 2 temperatures
     assert "~38,081 at the paper's tau 4.41" in out  # HumanEval: 164 turns x 1024 / Table 1 mean tau
     assert not (tmp_path / "r").exists()  # a dry run writes nothing
 
 
+def test_specblock_table1_harness_variant_keeps_the_released_values(capsys, tmp_path):
+    code, out, _ = cli(["reproduce", "specblock-table1-harness", "--target", "meta-llama/Llama-3.1-8B-Instruct",
+                        "--dry-run", "--out-dir", str(tmp_path / "r")], capsys)
+    assert code == 0, out
+    assert "variant of specblock-table1" in out
+    assert "blocks=2 beam_width=10 budget=90  [run_eval.py default config '1,2,10,90'" in out
+    assert "depth=7 top_k=4 total_tokens=20  [run_eval.py default config '1,7,4,20'" in out
+    assert "natural_questions: 200 prompts, 200 turns (first 200; paper n=3610)" in out  # the paper's n stays shown
+    assert "wmt23: 200 prompts, 200 turns (first 200; paper n=549)" in out and "(all 80; paper n=4000)" in out
+
+
+def test_specblock_table1_runs_no_sps_or_medusa_where_table1_has_none(capsys, tmp_path):
+    code, out, _ = cli(["reproduce", "specblock-table1", "--target", "Qwen/Qwen3-8B", "--dry-run",
+                        "--out-dir", str(tmp_path / "r")], capsys)
+    assert code == 0
+    assert "NOT RUN sps: Table 1 has an SpS row for Llama-3.1-8B only" in out
+    assert "NOT RUN medusa: Table 1 has a Medusa row for Llama-3.1-8B only" in out
+    assert "sps: sps" not in out and "drafter sps" not in out
+
+
+def test_dvi_table2_sps_is_assisted_generation_with_its_schedule(capsys, tmp_path):
+    code, out, _ = cli(["reproduce", "dvi-table2", "--target", "lmsys/vicuna-7b-v1.3", "--dry-run",
+                        "--out-dir", str(tmp_path / "r")], capsys)
+    assert code == 0
+    assert "sps: sps draft=double7/vicuna-68m gamma=5 schedule=heuristic  [Spec-Bench's SpS row is transformers'" in out
+
+
 @needs_data
-def test_ddtree_table1_dry_run_prints_the_papers_settings(capsys, tmp_path):
+def test_ddtree_table1_dry_run_prints_the_papers_settings(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # tatsu-lab/alpaca is not in this machine's HF cache
     code, out, _ = cli(["run", "--preset", "ddtree-table1", "--target", "Qwen/Qwen3-8B", "--dry-run",
                         "--out", str(tmp_path / "r")], capsys)
     assert code == 0
@@ -53,11 +85,14 @@ def test_ddtree_table1_dry_run_prints_the_papers_settings(capsys, tmp_path):
     assert "humaneval: 164 prompts" in out and "mt_bench: 80 prompts, 160 turns" in out
     assert "ddtree path=z-lab/Qwen3-8B-DFlash-b16 budget=16|32|64|128|256|512|1024" in out
     assert "dflash: dflash path=z-lab/Qwen3-8B-DFlash-b16" in out
+    assert "dflash-fa2: dflash path=z-lab/Qwen3-8B-DFlash-b16" in out  # App. B: DFlash at SDPA and FA2 too
     assert "{'enable_thinking': False}" in out
     assert "vanilla baselines: sdpa, flash_attention_2" in out
     assert "paper metric: faster_baseline_tpot_speedup" in out
     assert "aime24: paper n=30; NOT RUN" in out
-    assert "runs (20 results files)" in out  # 5 benches x 2 temperatures x (main + flash-attention vanilla)
+    assert ("alpaca: paper n=128; NOT RUN: needs the train split of tatsu-lab/alpaca from the Hugging Face Hub, which "
+            "could not be read (HF_HUB_OFFLINE=1 and not in the HF cache)") in out
+    assert "runs (16 results files)" in out  # 4 benches x 2 temperatures x (SDPA run + flash-attention run)
     assert not (tmp_path / "r").exists()
 
 
@@ -99,24 +134,26 @@ def test_plan_expands_into_run_configs(tmp_path):
     cfg = run.cfg
     assert (cfg.method, cfg.label, cfg.temperature, cfg.max_new_tokens, cfg.preset) == \
            ("specblock", "specblock", 1.0, 1024, "specblock-table1")
-    assert cfg.options == {"path": "weijiezz/SpecBlock-Qwen3-8B", "blocks": "2", "beam_width": "10", "budget": "90"}
+    assert cfg.options == {"path": "weijiezz/SpecBlock-Qwen3-8B", "blocks": "2", "beam_width": "10", "budget": "60"}
     assert cfg.bench == str(tmp_path / "prompts" / "specblock-table1" / "humaneval.jsonl")
     assert cfg.out == str(tmp_path / "specblock-table1_humaneval_Qwen3-8B_T1.jsonl")
-    # EAGLE-3 has no published Qwen3-8B drafter in the release: not run, with the training command.
-    assert [label for label, _ in plan.skipped][:1] == ["eagle3"]
-    sides = run_sides(cfg)
-    assert [s.label for s in sides] == ["specblock", "sps"]
-    assert sides[1].options == {"draft": "Qwen/Qwen3-0.6B"}
+    # EAGLE-3 has no published Qwen3-8B drafter in the release: not run, with the training command; Table 1 has
+    # no SpS or Medusa row for Qwen3.
+    assert [label for label, _ in plan.skipped][:3] == ["eagle3", "sps", "medusa"]
+    assert [s.label for s in run_sides(cfg)] == ["specblock"]
     assert len(next(b for b in plan.benches if b.bench == "mt_bench").prompts) == 3  # --limit after selection
 
 
 @needs_data
-def test_plan_sweeps_and_flash_attention_baselines(tmp_path):
+def test_plan_sweeps_and_flash_attention_baselines(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the Hub-read Alpaca bench stays out: no network in tests
     plan = build_plan("ddtree-table1", "/models/Qwen3-8B", out_dir=tmp_path, drafters={"dflash": "/drafters/dflash"})
     mains = [r for r in plan.runs if r.cfg.method == "ddtree"]
     fa2 = [r for r in plan.runs if r.cfg.attn_implementation == "flash_attention_2"]
-    assert len(mains) == len(fa2) == 10
-    assert all(r.cfg.method == "vanilla" and r.cfg.baseline == "none" for r in fa2)
+    assert len(mains) == len(fa2) == len({r.bench for r in mains}) * 2
+    # App. B: vanilla and vanilla DFlash also under flash-attention-2 (DDTree's trees need SDPA), kept apart by label.
+    assert all(r.cfg.method == "dflash" and r.cfg.label == "dflash-fa2" and r.cfg.baseline == "vanilla"
+               and not r.cfg.also and r.cfg.out.endswith("_flash_attention_2.jsonl") for r in fa2)
     sides = run_sides(mains[0].cfg)
     assert [s.label for s in sides] == [f"ddtree@budget={b}" for b in (16, 32, 64, 128, 256, 512, 1024)] + ["dflash"]
     assert all(s.options["path"] == "/drafters/dflash" for s in sides)  # --drafter wins; target matched by name
@@ -145,7 +182,8 @@ def test_shuffle_selection_matches_hf_datasets():
 
 
 @needs_data
-def test_framing_follows_the_papers(tmp_path):
+def test_framing_follows_the_papers(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the Hub-read Alpaca bench stays out: no network in tests
     ddtree = build_plan("ddtree-table1", "Qwen/Qwen3-8B", out_dir=tmp_path, limit=2)
     math = next(b for b in ddtree.benches if b.bench == "math500").prompts[0].turns[0]
     assert math.endswith("\nPlease reason step by step, and put your final answer within \\boxed{}.")
@@ -157,6 +195,43 @@ def test_framing_follows_the_papers(tmp_path):
     assert bench["natural_questions"].turns[0] == "when was the last time anyone was on the moon"
     assert bench["wmt23"].turns[0].startswith("Translate the following German text to English:\n\n")
     assert frame(Prompt("b", "1", ["a", "b"]), "{turn}!").turns == ["a!", "b!"]
+
+
+def test_ddtree_alpaca_follows_ddtrees_loader(tmp_path, monkeypatch):
+    """DDTree's load_and_process_dataset('alpaca'): tatsu-lab/alpaca train rows, 'instruction\\n\\nInput:\\ninput'
+    when there is an input, else the instruction; then shuffle(seed=0).select(128). The rows here stand in for
+    the Hub's (the loader reads them from the HF cache); the selection is HF datasets' own permutation."""
+    from specbench.run import preset as preset_module
+
+    rows = [{"instruction": f"do {i}", "input": f"x{i}" if i % 3 else "", "output": "-"} for i in range(300)]
+    asked = []
+
+    def fake(bench, spec):
+        asked.append(spec)
+        return [Prompt(bench, str(i), [""], meta=row) for i, row in enumerate(rows)]
+
+    monkeypatch.setattr(preset_module, "hub_dataset_prompts", fake)
+    plan = build_plan("ddtree-table1", "Qwen/Qwen3-8B", out_dir=tmp_path)
+    alpaca = next(b for b in plan.benches if b.bench == "alpaca")
+    assert asked == [{"path": "tatsu-lab/alpaca", "split": "train"}]
+    assert len(alpaca.prompts) == 128 and alpaca.selection == "shuffle(seed=0).select(128)"
+    order = [int(p.id) for p in alpaca.prompts]
+    datasets = pytest.importorskip("datasets")
+    assert order == datasets.Dataset.from_dict({"i": list(range(300))}).shuffle(seed=0).select(range(128))["i"]
+    for p in alpaca.prompts:
+        row = rows[int(p.id)]
+        assert p.turns == [f"{row['instruction']}\n\nInput:\n{row['input']}" if row["input"] else row["instruction"]]
+
+
+def test_preset_variant_errors_are_one_line(tmp_path, monkeypatch):
+    from specbench.run.preset import apply_variant
+
+    base = load_preset("specblock-table1")
+    with pytest.raises(Exception, match="changes nosuch, which the preset does not have") as err:
+        apply_variant(base, "x", {"methods": {"nosuch": {"options": {}}}})
+    assert "\n" not in str(err.value)
+    assert "specblock-table1-harness" in preset_names() and load_preset("specblock-table1-harness")["variant_of"] == \
+        "specblock-table1"
 
 
 # ------------------------------------------------------------------------------------------ a real tiny run
@@ -183,7 +258,9 @@ def test_reproduce_runs_the_plan_on_a_tiny_target(models, tmp_path, capsys):
     code, stdout, err = cli(["export", "--format", "spec-bench", str(files[0]), "--out", str(tmp_path / "sb")], capsys)
     assert code == 0, err
     assert sorted(p.name for p in (tmp_path / "sb").iterdir()) == ["deep-dvi-temperature-0.jsonl",
-                                                                  "deep-vanilla-temperature-0.jsonl"]
+                                                                  "deep-vanilla-temperature-0.jsonl", "tokenizer"]
+    rows = [json.loads(x) for x in (tmp_path / "sb" / "deep-vanilla-temperature-0.jsonl").read_text().splitlines()]
+    assert [r["category"] for r in rows] == ["writing"]  # question 81, from the run's header
 
 
 # ------------------------------------------------------------------------------------------ the papers' metrics

@@ -105,7 +105,9 @@ def test_main_table_values_equal_hand_computed(tmp_path: Path):
     write_report(src, out, figures=False)
     md = (out / "main_table.md").read_text()
     # Every speedup shows its n; no forward times -> no cost model; the text equals vanilla's -> 100% (1 turn).
-    assert "| sps | 2.00× (n=1) | 2.67 | 2.00× (n=1) | 2.67 | — | — | 20% | 100% (1) |" in md
+    # One conversation: its bootstrap interval is the point itself.
+    assert ("| sps | 2.00× [2.00, 2.00] (n=1) | 2.67 [2.67, 2.67] | 2.00× [2.00, 2.00] (n=1) | 2.67 [2.67, 2.67] "
+            "| — | — | 20% | 100% (1) |") in md
     row = pd.read_csv(out / "main_table.csv", comment="#").iloc[0]
     assert row.humaneval_spd == pytest.approx(2.0) and row.humaneval_tau == pytest.approx(8 / 3, abs=1e-4)
     assert row.td_percent == pytest.approx(20.0)

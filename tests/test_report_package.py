@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from specbench import metrics
-from specbench.engine.drafter import available_methods
+from specbench.engine.registry import available_methods
 from specbench.records import DECODE_PHASES
 from specbench.analysis.report import build_report, side_infos, write_report
 from specbench.analysis.report.figures import stage_colors, stages

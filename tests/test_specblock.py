@@ -13,7 +13,8 @@ from methods.specblock import SpecBlockDrafter, SpecBlockOptions, SpecBlockUnifo
 from methods.specblock_checkpoint import VOCAB_MAPPING, load_specblock, save_specblock
 from methods.specblock_model import RANK_FEATURES, SpecBlockConfig, SpecBlockModel, rank_features, rank_to_bucket
 from methods.specblock_train import LossSettings, SpecBlockLoss, block1_mask, cross_block_mask, valid_prefix
-from specbench.engine.drafter import DecodeState, create_drafter, method_class
+from specbench.engine.drafter import DecodeState
+from specbench.engine.registry import create_drafter, method_class
 from specbench.engine.loop import GenerationConfig, generate
 from specbench.errors import SpecbenchError
 from specbench.engine.verify import SamplingParams
@@ -269,7 +270,7 @@ def test_paper_slot0_takes_its_width_from_the_rank_head(bucket, width):
 
 
 def test_unknown_slot0_mode_is_one_clear_error():
-    with pytest.raises(SpecbenchError, match="slot0 must be beam"):
+    with pytest.raises(SpecbenchError, match="option slot0 must be one of 'beam', 'rank'"):
         SpecBlockDrafter(SpecBlockOptions(slot0="wide"))
 
 

@@ -9,7 +9,7 @@ import torch
 
 from methods.specblock_adapt import (AdaptOptions, OSDOptions, SpecBlockAdaptDrafter, SpecBlockOSDDrafter,
                                      choose_action, head_parameters, kl_to_reference)
-from specbench.engine.drafter import method_class
+from specbench.engine.registry import method_class
 from specbench.engine.loop import GenerationConfig, generate
 from test_eagle3 import PROMPTS
 from test_lossless import baseline, ready

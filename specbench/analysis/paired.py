@@ -1,9 +1,12 @@
-"""Paired bootstrap over prompt turns: is one side's speedup (or τ, or T_D%) really above another's?
+"""Paired bootstrap over conversations: is one side's speedup (or τ, or T_D%) really above another's?
 
 Each side contributes one row of additive totals per prompt turn (``unit_columns``); two sides are
-paired on the turns both ran, and one resample draws the same turns for both, so prompt difficulty
-cancels out of the ratio. Every metric is a ratio of pooled sums, so a resample needs only the
-resampled column sums (``resampled_sums``)."""
+paired on the turns both ran, and the turns of one conversation (MT-Bench's two; one elsewhere) are
+summed into one row (``by_conversation``): turn 2 is rendered over turn 1's answer and timed right after
+it, so the two are not independent draws, and resampling them apart would narrow the interval below
+the noise. One resample draws the same conversations for both sides, so prompt difficulty cancels out
+of the ratio. Every metric is a ratio of pooled sums, so a resample needs only the resampled column
+sums (``resampled_sums``)."""
 
 from __future__ import annotations
 
@@ -60,7 +63,7 @@ def usable(metric: str, rows: np.ndarray) -> np.ndarray:
 
 def paired_ratio(a: np.ndarray, b: np.ndarray, metric: str, reps: int = REPS,
                  seed: int = SEED) -> tuple[float, float, float]:
-    """metric(a) / metric(b) on paired rows (row i of both = the same prompt turn): point, 95% interval."""
+    """metric(a) / metric(b) on paired rows (row i of both = the same conversation): point, 95% interval."""
     fn = METRICS[metric]
     with np.errstate(divide="ignore", invalid="ignore"):
         point = float(fn(a.sum(0)) / fn(b.sum(0)))
@@ -102,9 +105,28 @@ def verdict(lo: float, hi: float, direction: str, threshold: float = 1.0, n: int
     raise ValueError(f"unknown direction {direction!r}")
 
 
+def conversation(key: tuple) -> tuple:
+    """A unit key without its last element, the turn: (bench, prompt_id) or (file, bench, prompt_id)."""
+    return tuple(key[:-1])
+
+
+def by_conversation(rows: dict) -> dict:
+    """Unit rows keyed by turn -> one summed row per conversation (a NaN in any turn stays NaN: a
+    conversation missing a vanilla twin cannot give a speedup)."""
+    out: dict = {}
+    for key in sorted(rows, key=str):
+        row = np.asarray(rows[key], dtype=float)
+        conv = conversation(key)
+        out[conv] = out[conv] + row if conv in out else row
+    return out
+
+
 def pair_rows(a: dict, b: dict) -> tuple[np.ndarray, np.ndarray, list]:
-    """Rows of two sides on their common unit keys (sorted), as aligned arrays."""
-    keys = sorted(set(a) & set(b), key=str)
+    """Rows of two sides on the turns both ran, summed per conversation (``by_conversation``), as aligned
+    arrays over the conversation keys (sorted)."""
+    turns = set(a) & set(b)
+    a, b = by_conversation({k: a[k] for k in turns}), by_conversation({k: b[k] for k in turns})
+    keys = sorted(a, key=str)
     shape = (0, 8)
     return (np.array([a[k] for k in keys], dtype=float).reshape(shape if not keys else (len(keys), -1)),
             np.array([b[k] for k in keys], dtype=float).reshape(shape if not keys else (len(keys), -1)), keys)
@@ -113,7 +135,9 @@ def pair_rows(a: dict, b: dict) -> tuple[np.ndarray, np.ndarray, list]:
 def significant_best(sides: dict[str, dict], metric: str = "speedup", reps: int = REPS,
                      seed: int = SEED) -> str | None:
     """The side whose metric is highest and whose paired interval against the runner-up lies above 1
-    (None if no side is that clearly first). ``sides`` maps a label to its unit rows by key."""
+    (None if no side is that clearly first). ``sides`` maps a label to its unit rows by key; keys that
+    name the file keep two runs apart: a best and a runner-up from different files share no key, so
+    nothing is bold."""
     points = {}
     for label, rows in sides.items():
         arr = np.array(list(rows.values()), dtype=float).reshape(-1, 8)

@@ -1,33 +1,28 @@
-"""The Drafter protocol and the method registry.
+"""The Drafter protocol: the five hooks the decode loop calls, and what it hands them.
 
 A method is a ``Drafter`` subclass registered under the entry-point group ``specbench.methods``
-(see pyproject.toml); adding a method touches no core file. Where it trains, the class names its
-trainer (``Drafter.trainer``), and `specbench train` gets a command for it. Options are a dataclass so that
-``--opt key=value`` strings are validated and typed in one place.
+(``specbench.engine.registry``); adding a method touches no core file. Its ``Options`` are a declaration
+(``specbench.options``) that validates ``--opt key=value`` values, fills the results header and
+gives `specbench list methods NAME` its text. Where it trains, the class names its trainer
+(``Drafter.trainer``), and `specbench train` gets a command for it.
 """
 
 from __future__ import annotations
 
-import importlib
-
-import dataclasses
-import math
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from specbench.errors import SpecbenchError, unknown_name_error
+from specbench.errors import SpecbenchError
+from specbench.options import NoOptions, validate
 from specbench.engine.timing import NullTimer, PhaseTimer
 from specbench.engine.tree import DraftTree
 from specbench.engine.verify import SamplingParams
 
 if TYPE_CHECKING:
     from specbench.engine.target import Target, TargetOutput
-
-ENTRY_POINT_GROUP = "specbench.methods"
 
 
 @dataclass
@@ -57,11 +52,6 @@ class VerifyResult:
     logits: torch.Tensor  # target logits of every verify row [root, nodes...]
     taps: dict[int, torch.Tensor]  # requested taps of the kept rows [root, accepted...]
     stop_row: int  # verify row whose distribution produced the bonus (the rejection point)
-
-
-@dataclass
-class NoOptions:
-    """For methods without options."""
 
 
 class Drafter:
@@ -113,7 +103,8 @@ class Drafter:
                 "ablation_of": cls.ablation_of}
 
     def __init__(self, options: Any = None) -> None:
-        self.options = options if options is not None else self.Options()
+        # Options built in code are held to the same declaration as --opt values.
+        self.options = validate(options if options is not None else self.Options(), self.name or type(self).__name__)
         self.sources: dict[str, Any] = {}  # weight option -> hub.Resolved (files and commit), for the header
 
     @classmethod
@@ -171,115 +162,3 @@ class Drafter:
     def end(self, state: DecodeState) -> dict:
         """Return drafter-specific statistics to store in the record's ``extra``."""
         return {}
-
-
-# ---- registry --------------------------------------------------------------------------------
-_LOCAL: dict[str, type[Drafter]] = {}
-
-
-def register(name: str):
-    """Register a drafter class in-process (tests, notebooks); packages use entry points."""
-
-    def wrap(cls: type[Drafter]) -> type[Drafter]:
-        cls.name = name
-        _LOCAL[name] = cls
-        return cls
-
-    return wrap
-
-
-def _entry_points(group: str = ENTRY_POINT_GROUP) -> dict[str, str]:
-    """Installed entry points of ``group``; from a source checkout that was never pip-installed (e.g. a
-    GPU machine's system python), the ones declared in its pyproject.toml."""
-    found = {ep.name: ep.value for ep in entry_points(group=group)}
-    if found:
-        return found
-    import tomllib
-    from pathlib import Path
-
-    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
-    if pyproject.is_file():
-        declared = tomllib.loads(pyproject.read_text()).get("project", {}).get("entry-points", {})
-        found = dict(declared.get(group, {}))
-    return found
-
-
-def available_methods() -> dict[str, str]:
-    """name -> 'module:Class' for every registered method."""
-    found = _entry_points()
-    found.update({name: f"{cls.__module__}:{cls.__qualname__}" for name, cls in _LOCAL.items()})
-    return dict(sorted(found.items()))
-
-
-def method_class(name: str) -> type[Drafter]:
-    if name in _LOCAL:
-        return _LOCAL[name]
-    eps = _entry_points()
-    if name not in eps:
-        raise unknown_name_error("method", name, sorted(available_methods()), "specbench list methods")
-    module, _, attr = eps[name].partition(":")
-    cls = getattr(importlib.import_module(module), attr)
-    cls.name = name
-    return cls
-
-
-def _cast(text: str, annotation: Any) -> Any:
-    """Convert an option string to the field's annotated type (annotations may be strings)."""
-    kind = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
-    kind = kind.replace("Optional[", "").replace("]", "").replace(" ", "")
-    optional = "None" in kind
-    kind = kind.replace("|None", "").replace("None|", "")
-    if optional and text.lower() == "none":
-        return None
-    if kind == "bool":
-        if text.lower() in ("1", "true", "yes", "on"):
-            return True
-        if text.lower() in ("0", "false", "no", "off"):
-            return False
-        raise ValueError(f"expected true or false, got {text!r}")
-    if kind.startswith(("list[int", "tuple[int")):
-        return [int(x) for x in text.split(",") if x.strip()]
-    if kind.startswith(("list[float", "tuple[float")):
-        return [float(x) for x in text.split(",") if x.strip()]
-    if kind.startswith(("list", "tuple")):
-        return [x.strip() for x in text.split(",") if x.strip()]
-    return {"int": int, "float": float}.get(kind, str)(text)
-
-
-def parse_options(cls: type[Drafter], raw: dict[str, Any]) -> Any:
-    """Build ``cls.Options`` from strings, naming the valid keys on a typo."""
-    valid = {f.name: f for f in dataclasses.fields(cls.Options)}
-    values = {}
-    for key, value in raw.items():
-        if key not in valid:
-            known = ", ".join(valid) or "none"
-            raise SpecbenchError(f"method {cls.name!r} has no option {key!r}; its options are: {known}")
-        if isinstance(value, dict):
-            raise SpecbenchError(f"option {key} for {cls.name!r} must be a single value or a list, not a mapping")
-        if isinstance(value, (list, tuple)):  # a YAML/JSON list: the same as key=a,b,c
-            value = ",".join(str(v) for v in value)
-        try:
-            values[key] = _cast(value if isinstance(value, str) else str(value), valid[key].type)
-        except ValueError as exc:
-            raise SpecbenchError(f"option {key}={value!r} for {cls.name!r}: {exc}") from None
-    for key, value in values.items():
-        _check_value(cls.name, key, value)
-    return cls.Options(**values)
-
-
-MAX_OPTION_INT = 2**31 - 1
-
-
-def _check_value(method: str, key: str, value: Any) -> None:
-    """Numbers must be finite, non-negative and fit an int32 (every count, size, rate and weight is)."""
-    for item in value if isinstance(value, (list, tuple)) else [value]:
-        if isinstance(item, bool) or not isinstance(item, (int, float)):
-            continue
-        if not math.isfinite(item) or item < 0 or item > MAX_OPTION_INT:
-            raise SpecbenchError(f"option {key}={value!r} for {method!r}: expected a finite number between 0 and "
-                                 f"{MAX_OPTION_INT}")
-
-
-def create_drafter(name: str, options: dict[str, Any] | None = None) -> Drafter:
-    cls = method_class(name)
-    return cls(parse_options(cls, options or {}))

@@ -1,20 +1,36 @@
 """Graceful stop on Ctrl-C / SIGTERM: the handler only sets a flag; the decode loop and the trainer
 check it at step boundaries and raise ``Interrupted``, so the step in flight finishes, finished
-records and checkpoints are kept, and the CLI exits 128 + signal (130 for SIGINT, 143 for SIGTERM)."""
+records and checkpoints are kept, and the CLI exits 128 + signal (130 for SIGINT, 143 for SIGTERM).
+
+A step that does not reach a boundary soon (a forward of minutes, a model load) is not waited for:
+with ``escalate_after`` the stop is raised where the program is once that many seconds have passed,
+during a model load (``abortable``) at once, and on a second signal at once. Only ``critical``
+sections (appending a record, renaming a file into place) hold it back until they are done."""
 
 from __future__ import annotations
 
 import shlex
 import signal
 import sys
+import threading
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
+
+ESCALATE_S = 3.0  # a run waits this long after a signal for its step in flight, then stops it where it is
 
 _received: int | None = None
+_escalate_after: float | None = None
+_timer: threading.Timer | None = None
+_critical = 0  # depth of critical sections
+_pending: int | None = None  # a stop held back by a critical section
+_abortable = 0  # depth of abortable sections (model loads)
+_settled = False  # the stop was raised (or the CLI is reporting): later signals change nothing
+_kept: Callable[[], str] | None = None
 
 
-class Interrupted(Exception):
-    """Raised at a step boundary after SIGINT/SIGTERM; ``exit_code`` is 128 + the signal number."""
+class Interrupted(BaseException):
+    """Raised after SIGINT/SIGTERM; ``exit_code`` is 128 + the signal number. A BaseException, so a
+    library's ``except Exception`` around a load or a forward does not turn a stop into an error."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
@@ -25,11 +41,47 @@ class Interrupted(Exception):
         return 128 + self.signum
 
 
+def _stop_now(signum: int) -> None:
+    global _pending, _settled
+    if _settled:
+        return
+    if _critical:
+        _pending = signum  # raised when the critical section ends
+        return
+    _settled = True
+    _cancel_timer()
+    raise Interrupted(signum)
+
+
+def _escalate(signum: int) -> None:
+    """Timer thread: deliver the signal again to the main thread, whose handler then stops at once."""
+    try:
+        signal.pthread_kill(threading.main_thread().ident, signum)
+    except (OSError, ValueError):
+        pass
+
+
+def _cancel_timer() -> None:
+    global _timer
+    if _timer is not None:
+        _timer.cancel()
+        _timer = None
+
+
 def _handler(signum, frame) -> None:
-    global _received
-    if _received is not None and signum == signal.SIGINT:
-        raise KeyboardInterrupt  # a second Ctrl-C: stop now
-    _received = signum
+    global _received, _timer
+    if _settled:
+        return
+    if _received is None:
+        _received = signum
+        if _abortable:
+            _stop_now(signum)  # a model load keeps nothing: stop it
+        elif _escalate_after is not None:
+            _timer = threading.Timer(_escalate_after, _escalate, (signum,))
+            _timer.daemon = True
+            _timer.start()
+        return
+    _stop_now(_received)  # a second signal, or the step took longer than escalate_after
 
 
 def requested() -> bool:
@@ -38,15 +90,69 @@ def requested() -> bool:
 
 def check() -> None:
     """Call between steps: raises ``Interrupted`` once a stop was requested."""
-    if _received is not None:
-        raise Interrupted(_received)
+    if _received is not None and not _settled:
+        _stop_now(_received)
 
 
 @contextmanager
-def graceful() -> Iterator[None]:
-    """SIGINT and SIGTERM set the flag while inside; the previous handlers come back after."""
-    global _received
-    _received = None
+def critical() -> Iterator[None]:
+    """A stop that arrives inside waits until the block is done (a record is written whole)."""
+    global _critical, _pending
+    _critical += 1
+    try:
+        yield
+    finally:
+        _critical -= 1
+        if not _critical and _pending is not None:
+            signum, _pending = _pending, None
+            _stop_now(signum)
+
+
+@contextmanager
+def abortable() -> Iterator[None]:
+    """Inside (a model load: nothing to keep), a signal stops at once instead of at the next step."""
+    global _abortable
+    check()
+    _abortable += 1
+    try:
+        yield
+    finally:
+        _abortable -= 1
+
+
+def note_kept(describe: Callable[[], str] | None) -> None:
+    """Register what a stop now would keep ('r.jsonl (3 records)'), for the CLI's last line."""
+    global _kept
+    _kept = describe
+
+
+def kept() -> str | None:
+    try:
+        return _kept() if _kept is not None else None
+    except Exception:  # noqa: BLE001 - the last line must print whatever state the run is in
+        return None
+
+
+def settle() -> None:
+    """The CLI is reporting how the command ended: further signals change nothing."""
+    global _settled
+    _settled = True
+    _cancel_timer()
+
+
+def _reset() -> None:
+    global _received, _pending, _settled, _kept
+    _cancel_timer()
+    _received, _pending, _settled, _kept = None, None, False, None
+
+
+@contextmanager
+def graceful(escalate_after: float | None = None) -> Iterator[None]:
+    """SIGINT and SIGTERM set the flag while inside; the previous handlers come back after. With
+    ``escalate_after`` (seconds), a step that has not reached its boundary by then is stopped where it is."""
+    global _escalate_after
+    _reset()
+    _escalate_after = escalate_after
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         for s in previous:
@@ -58,7 +164,8 @@ def graceful() -> Iterator[None]:
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
-        _received = None
+        _escalate_after = None
+        _reset()
 
 
 def resume_command(argv: list[str] | None = None, flag: str = "--resume") -> str:

@@ -18,6 +18,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from specbench.engine import interrupt
+from specbench.divergence import TopLogits, top_rows
 from specbench.engine.drafter import DecodeState, Drafter, VerifyResult
 from specbench.engine.prompts import render_chat
 from specbench.records import GenerationRecord
@@ -68,12 +69,17 @@ def generate(target: Target, drafter: Drafter, prompt_ids: Sequence[int], config
                             generator=gen, timer=NULL_TIMER)
         drafter.begin(state, out)
     state.timer = timer
+    # T = 0: the K best logits of the row that chose each committed token, for explaining a divergence
+    # from vanilla (divergence.py). Taken between timed phases from logits already computed; they stay
+    # on the device until the generation ends, so decoding never waits for them.
+    tops = [top_rows(out.logits[-1:])] if params.greedy else None
 
     new_tokens = [bonus]
     accept_lengths: list[int] = []
     tree_sizes: list[int] = []
     attempts: list[int] = []
     accepts: list[int] = []
+    chain_calls = 0
 
     hit_eos = bonus in eos
     while not hit_eos and len(new_tokens) < config.max_new_tokens:
@@ -95,7 +101,10 @@ def generate(target: Target, drafter: Drafter, prompt_ids: Sequence[int], config
             _count_depths(tree, result.accepted, attempts, accepts)
             accept_lengths.append(len(result.accepted))
             tree_sizes.append(len(tree))
+            chain_calls += tree.is_chain
             kept_taps = {i: t[rows] for i, t in out.taps.items()} if out.taps else {}
+        if tops is not None:
+            tops.append(top_rows(out.logits[rows]))
         with timer.phase("draft"):
             drafter.observe(state, VerifyResult(tree, result.accepted, committed, result.bonus, out.logits,
                                                 kept_taps, result.stop_row))
@@ -103,7 +112,7 @@ def generate(target: Target, drafter: Drafter, prompt_ids: Sequence[int], config
 
     new_tokens, stop_reason = _truncate(new_tokens, eos, config.max_new_tokens)
     timer.resolve()  # CUDA: read every event of this generation (one synchronize)
-    return GenerationRecord(
+    record = GenerationRecord(
         method=method or drafter.name,
         new_tokens=new_tokens,
         prompt_tokens=len(prompt_ids),
@@ -119,7 +128,10 @@ def generate(target: Target, drafter: Drafter, prompt_ids: Sequence[int], config
         temperature=params.temperature,
         seed=config.seed,
         extra=extra,
+        chain_calls=chain_calls,
     )
+    record.top_logits = TopLogits.from_rows(tops, len(new_tokens)) if tops is not None else None  # not written
+    return record
 
 
 def _count_depths(tree, accepted: list[int], attempts: list[int], accepts: list[int]) -> None:

@@ -28,6 +28,10 @@ class ChatFormat:
     def __post_init__(self) -> None:
         if self.template not in TEMPLATES:
             raise SpecbenchError(f"unknown --chat-template {self.template!r}; use one of {', '.join(TEMPLATES)}")
+        clash = sorted(set(self.kwargs) & set(RESERVED_KWARGS))
+        if clash:
+            raise SpecbenchError(f"chat template kwargs {', '.join(clash)} are set by specbench itself; pass only the "
+                                 "template's own variables, e.g. enable_thinking=false")
 
     def resolve(self, tokenizer, model_name: str = "") -> "ChatFormat":
         """``auto`` -> the tokenizer's template, else vicuna_v1.1 for Vicuna models, else plain."""
@@ -56,6 +60,13 @@ class ChatFormat:
         return out
 
 
+# apply_chat_template arguments that render_chat sets, or that change what it returns (text, a dict,
+# tensors, a cut prompt): passed as template kwargs they would clash or break tokenisation.
+RESERVED_KWARGS = ("conversation", "tokenize", "add_generation_prompt", "continue_final_message", "return_dict",
+                   "return_tensors", "return_assistant_tokens_mask", "padding", "truncation", "max_length",
+                   "tokenizer_kwargs", "chat_template", "tools", "documents")
+
+
 def parse_template_kwargs(pairs: list[str]) -> dict:
     """``key=value`` strings -> kwargs; true/false become bools and integers ints."""
     out: dict = {}
@@ -63,6 +74,13 @@ def parse_template_kwargs(pairs: list[str]) -> dict:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
             raise SpecbenchError(f"--chat-template-kwargs expects key=value, got {pair!r} (e.g. enable_thinking=false)")
+        if key.strip() in RESERVED_KWARGS:
+            raise SpecbenchError(f"--chat-template-kwargs {key.strip()} is set by specbench itself (prompts are rendered "
+                                 "as token ids with the assistant turn opened); pass only the template's own variables, "
+                                 "e.g. enable_thinking=false")
+        if not key.strip().isidentifier():
+            raise SpecbenchError(f"--chat-template-kwargs key {key.strip()!r} is not a name a template can use; "
+                                 "e.g. enable_thinking=false")
         value = value.strip()
         lowered = value.lower()
         if lowered in ("true", "false"):

@@ -94,8 +94,17 @@ def _load_gguf(path: Path, dtype: torch.dtype, attn_implementation: str, device_
     key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
     cached = cache_dir() / "models" / f"{path.stem}-{key}"
     if not (cached / "config.json").is_file():
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+        with open(path, "rb") as fh:
+            magic = fh.read(4)
+        if magic != b"GGUF":
+            raise SpecbenchError(f"model file {path} is not a GGUF file (it starts with {magic!r}); pass a .gguf model")
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+            model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+        except Exception as exc:  # noqa: BLE001 - a cut or damaged file fails anywhere in the GGUF reader
+            first = (str(exc).strip().splitlines() or [""])[0][:160]
+            raise SpecbenchError(f"model file {path} is damaged or truncated ({type(exc).__name__}: {first}); "
+                                 "download it again or pass another --target") from None
         # A GGUF-loaded model refuses save_pretrained until its quantizer marks are cleared.
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import jsonlines
 import yaml
 
+from specbench import schemas
 from specbench.errors import SpecbenchError, unknown_name_error
 
 # The cards ship inside the package (package data, so an installed wheel has them); the folder is no
@@ -200,32 +200,43 @@ def resolve_source(name: str, data_dir: str | Path | None = None, *,
 
 # ---------------------------------------------------------------- source 1: JSONL files
 
-def _prompt_from_record(bench: str, rec: dict, where: str) -> Prompt:
+def _prompt_from_record(bench: str, rec: dict, where: str, path: Path | None = None, line: int | None = None) -> Prompt:
     turns = rec.get("turns")
-    if "id" not in rec or not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
+    if "id" not in rec or not isinstance(turns, list) or not turns:
         raise SpecbenchError(f"{where}: expected {{\"id\", \"turns\": [str, ...], ...}} with at least one turn; "
                              "fix or remove the record (see SOURCES.md)")
+    checked = schemas.validate(schemas.PromptLine, rec, path or where, line, schemas.PROMPT_FIX)
     empty = next((k for k, t in enumerate(turns) if not t.strip()), None)
     if empty is not None:
         raise SpecbenchError(f"{where}: turn {empty + 1} is an empty prompt; give it text or remove the record")
-    return Prompt(bench=bench, id=str(rec["id"]), turns=list(turns),
-                  reference=[str(r) for r in rec.get("reference") or []], meta=dict(rec.get("meta") or {}))
+    return Prompt(bench=bench, id=str(checked.id), turns=list(checked.turns), reference=checked.references,
+                  meta=dict(checked.meta or {}))
 
 
 def _read_jsonl(path: Path, bench: str) -> list[Prompt]:
-    """Blank lines are skipped; a line that is not a JSON object is an error with its number."""
-    prompts = []
-    try:
-        with jsonlines.open(path) as reader:
-            for rec in reader.iter(type=dict, skip_empty=True):
-                prompts.append(_prompt_from_record(bench, rec, f"{path}: record {len(prompts) + 1}"))
-    except jsonlines.InvalidLineError as e:
-        raise SpecbenchError(f"{path}: line {e.lineno} is not a valid JSON object; fix or remove it") from None
-    except UnicodeDecodeError:
-        raise SpecbenchError(f"{path} is not UTF-8 text; pass a JSONL prompt file") from None
-    except OSError as exc:
-        raise SpecbenchError(f"cannot read prompt file {path} ({exc.strerror}); check its permissions") from None
+    """Blank lines are skipped; a line that is not a JSON object, or not a prompt (schemas.PromptLine),
+    is an error with its number; so is an id (as a string) that an earlier line already has."""
+    prompts, lines = [], {}
+    for number, rec in schemas.read_jsonl(path, "prompt file", schemas.PROMPT_FIX):
+        if not isinstance(rec, dict):
+            raise SpecbenchError(f"{path}: line {number} is not a valid JSON object; fix or remove it")
+        prompt = _prompt_from_record(bench, rec, f"{path} line {number}", path, number)
+        if prompt.id in lines:
+            raise SpecbenchError(f"{path}: lines {lines[prompt.id]} and {number} both have the id {prompt.id!r} "
+                                 "(ids compare as strings); give every prompt its own id")
+        lines[prompt.id] = number
+        prompts.append(prompt)
     return prompts
+
+
+def _check_unique_ids(prompts: list[Prompt], source: str) -> None:
+    """Records are keyed by prompt id: two prompts with one id would make the second look done."""
+    first: dict[str, int] = {}
+    for index, prompt in enumerate(prompts):
+        if prompt.id in first:
+            raise SpecbenchError(f"{source}: prompts {first[prompt.id] + 1} and {index + 1} both have the id "
+                                 f"{prompt.id!r}; give every prompt its own id")
+        first[prompt.id] = index
 
 
 # ---------------------------------------------------------------- row mapping (package and hub)
@@ -384,6 +395,7 @@ def load_benchmark(name_or_path: str, data_dir: str | Path | None = None, *, lim
     else:
         card = get_card(name_or_path)
         prompts, expected = _load_card(card, _data_dir(data_dir), hub_path)
+        _check_unique_ids(prompts, f"bench {card.name}")
         if len(prompts) != expected:
             warnings.warn(f"bench {card.name!r}: loaded {len(prompts)} prompts, its card expects {expected}",
                           stacklevel=2)
@@ -394,3 +406,29 @@ def load_benchmark(name_or_path: str, data_dir: str | Path | None = None, *, lim
         keep = sorted(random.Random(seed).sample(range(len(prompts)), sample))  # file order
         prompts = [prompts[i] for i in keep]
     return prompts[:limit] if limit is not None else prompts
+
+
+# ---- categories (recorded in the results header; Spec-Bench export reads them) ------------------------
+HEADER_KEY = "prompt_categories"  # header: {bench: {"field": meta key or None, "values": {prompt id: category}}}
+
+
+def category_field(bench: str) -> str | None:
+    """The meta key holding a prompt's category: the bench card's, or ``category`` for a prompt file."""
+    try:
+        return get_card(bench).categories_field
+    except SpecbenchError:  # a prompt file (its stem names the bench): rows may carry meta.category
+        return "category"
+
+
+def category_header(prompts) -> dict:
+    """What a results header records of its prompts' categories: per bench, the meta key they came from
+    (None: the bench has none) and each prompt's value (prompts without one are left out)."""
+    out: dict[str, dict] = {}
+    for p in prompts:
+        entry = out.get(p.bench)
+        if entry is None:
+            entry = out[p.bench] = {"field": category_field(p.bench), "values": {}}
+        value = p.meta.get(entry["field"]) if entry["field"] else None
+        if value is not None:
+            entry["values"][p.id] = str(value)
+    return out

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specbench.errors import SpecbenchError
-from specbench.run.results import _read_lines
+from specbench.run.results import read_results
+from specbench.run.safe_files import atomic_text, check_output
 
 
 def part_path(out: str | Path, rank: int, size: int) -> Path:
@@ -52,12 +53,11 @@ class RunFile:
 def read_run(path: str | Path) -> RunFile:
     path = Path(path)
     if not path.is_file():
-        raise SpecbenchError(f"{path} does not exist")
-    objects, _ = _read_lines(path)
-    header = next((o for o in objects if o.get("type") == "header"), None)
-    if header is None:
+        raise SpecbenchError(f"{path} does not exist" if not path.exists() else f"{path} is not a results file")
+    content = read_results(path, fix="fix or remove that file and merge again")
+    if content.meta is None:
         raise SpecbenchError(f"{path} has no header line; it is not a specbench results file")
-    return RunFile(path, header["meta"], [o for o in objects if o.get("type") in ("record", "skip")])
+    return RunFile(path, content.meta, [o for _, o in content.lines])
 
 
 def _check_same_run(runs: list[RunFile]) -> RunFile:
@@ -135,17 +135,14 @@ def merge_runs(sources: list[str | Path]) -> tuple[dict, list[dict]]:
     return meta, lines
 
 
-def write_run(out: str | Path, meta: dict, lines: list[dict]) -> Path:
-    """Write a results file atomically (a reader never sees half of it)."""
+def write_run(out: str | Path, meta: dict, lines: list[dict], inputs: tuple = ()) -> Path:
+    """Write a results file atomically (a reader never sees half of it; a failure leaves no temporary
+    and the old ``out`` as it was). ``inputs``: (option, path) pairs ``out`` may be only if merged from."""
     import json
 
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".merging")
-    with open(tmp, "w", encoding="utf-8") as fh:
+    check_output(out, inputs)
+    with atomic_text(out) as fh:
         for obj in [{"type": "header", "meta": meta}, *lines]:
             fh.write(json.dumps(obj, ensure_ascii=False, default=str) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, out)
     return out

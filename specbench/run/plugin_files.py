@@ -11,14 +11,14 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from specbench.engine.drafter import _entry_points
+from specbench.engine.registry import entry_points
 from specbench.errors import SpecbenchError
 
 
 def declared_paths(group: str) -> list[Path]:
     """The paths the entry points of ``group`` name, in entry-point name order."""
     paths = []
-    for name, value in sorted(_entry_points(group).items()):
+    for name, value in sorted(entry_points(group).items()):
         module, _, attr = value.partition(":")
         try:
             obj = importlib.import_module(module.strip())

@@ -3,9 +3,13 @@ under the entry-point group ``specbench.presets``), expanded into ordinary ``spe
 
 A preset names the paper's benches (with its prompt framing and sample selection), max new tokens,
 temperatures, methods with their budgets, the published drafter of each method per target, and the
-paper's metric; every setting carries its source. ``build_plan`` turns a preset and a target into one
-``RunConfig`` per bench x temperature (plus a vanilla run per bench x temperature for each other attention
-implementation the preset's ``baseline_attn`` names), without loading any model; ``format_plan`` prints it
+paper's metric; every setting carries its source. A preset may ship named ``variants`` (e.g. the
+authors' released harness where it departs from the paper), listed as ``<preset>-<variant>``: the
+same file with the variant's method options and bench settings laid over it.
+
+``build_plan`` turns a preset and a target into one ``RunConfig`` per bench x temperature (plus, for each
+other attention implementation the preset's ``baseline_attn`` names, a run per bench x temperature of
+vanilla and of the methods whose ``attn`` lists it), without loading any model; ``format_plan`` prints it
 (``--dry-run``); ``execute`` writes the framed prompt files and runs each config through ``Runner``.
 """
 
@@ -21,13 +25,14 @@ import numpy as np
 import yaml
 
 from specbench.run.benchmarks import Prompt, load_benchmark
-from specbench.engine.drafter import available_methods, method_class
+from specbench.engine.registry import available_methods, method_class
 from specbench.errors import SpecbenchError, unknown_name_error
 from specbench.run.plugin_files import declared_paths
 from specbench.run.runner import BASELINE, RunConfig
 
 PRESETS_GROUP = "specbench.presets"  # entry points naming folders of preset *.yaml files
 _ENTRY_META = ("source", "train", "revision", "note")  # drafter-entry keys that are not method options
+ATTN_TAGS = {"flash_attention_2": "fa2", "flash_attention_3": "fa3", "eager": "eager"}  # label suffixes
 
 
 # ------------------------------------------------------------------------------------------- loading
@@ -43,14 +48,7 @@ def preset_files() -> dict[str, Path]:
     return found
 
 
-def preset_names() -> list[str]:
-    return sorted(preset_files())
-
-
-def load_preset(name: str) -> dict:
-    path = preset_files().get(name)
-    if path is None:
-        raise unknown_name_error("preset", name, preset_names(), "specbench list presets")
+def _read_yaml(path: Path) -> dict:
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as e:
@@ -59,6 +57,53 @@ def load_preset(name: str) -> dict:
                if k not in (raw or {})]
     if missing:
         raise SpecbenchError(f"preset {path} lacks field(s) {', '.join(missing)}")
+    from specbench.schemas import PresetFile, validate_file
+
+    validate_file(PresetFile, raw, f"preset {path}", "fix the preset file")  # field types, one line
+    return raw
+
+
+def preset_names() -> list[str]:
+    """Every preset file's name and, after it, ``<name>-<variant>`` for each variant it declares."""
+    names = []
+    for stem, path in sorted(preset_files().items()):
+        names.append(stem)
+        names += [f"{stem}-{v}" for v in (_read_yaml(path).get("variants") or {})]
+    return sorted(names)
+
+
+def load_preset(name: str) -> dict:
+    files = preset_files()
+    if name in files:
+        raw = _read_yaml(files[name])
+        raw["variant_names"] = [f"{name}-{v}" for v in raw.pop("variants", None) or {}]
+        return raw
+    for stem, path in files.items():
+        variant = name[len(stem) + 1:] if name.startswith(f"{stem}-") else None
+        variants = _read_yaml(path).get("variants") or {} if variant else {}
+        if variant in variants:
+            return apply_variant(_read_yaml(path), variant, variants[variant])
+    raise unknown_name_error("preset", name, preset_names(), "specbench list presets")
+
+
+def apply_variant(raw: dict, variant: str, spec: dict) -> dict:
+    """The preset with a variant laid over it: ``methods`` {label: {options, source, note}} replace those
+    methods' settings, ``benches`` {bench: {n, select, note, source, ...}} update those benches' keys."""
+    raw = {**raw, "name": f"{raw['name']}-{variant}", "variant_of": raw["name"]}
+    raw.pop("variants", None)
+    raw["title"] = f"{raw['title']} [{variant}: {spec.get('title', variant)}]"
+    for key in ("code", "dtype", "dtype_source"):
+        if key in spec:
+            raw[key] = spec[key]
+    changes = spec.get("methods") or {}
+    raw["methods"] = [{**m, **changes.get(m["label"], {})} for m in raw["methods"]]
+    bench_changes = spec.get("benches") or {}
+    raw["benches"] = [{**b, **bench_changes.get(b["bench"], {})} for b in raw["benches"]]
+    unknown = sorted((set(changes) - {m["label"] for m in raw["methods"]})
+                     | (set(bench_changes) - {b["bench"] for b in raw["benches"]}))
+    if unknown:
+        raise SpecbenchError(f"preset variant {raw['name']} changes {', '.join(unknown)}, which the preset does not "
+                             "have")
     return raw
 
 
@@ -144,8 +189,14 @@ def select_prompts(prompts: list[Prompt], spec: dict) -> tuple[list[Prompt], str
     raise SpecbenchError(f"preset bench {spec['bench']!r}: unknown select {kind!r} (first, shuffle or sample)")
 
 
-def frame(prompt: Prompt, template: str) -> Prompt:
-    """Each user turn through the paper's template: {turn} = our stored turn, {meta[key]} = a raw field."""
+def frame(prompt: Prompt, template) -> Prompt:
+    """Each user turn through the paper's template: {turn} = our stored turn, {meta[key]} = a raw field. A list
+    of {if: FIELD, template} entries takes the first whose field is non-empty (an entry without ``if`` always
+    applies), as loaders that frame a row one way or another do."""
+    if isinstance(template, list):
+        template = next((t["template"] for t in template if not t.get("if") or prompt.meta.get(t["if"])), None)
+        if template is None:
+            raise SpecbenchError(f"preset templates give no framing for prompt {prompt.id}; add one without 'if'")
     try:
         turns = [template.format(turn=t, meta=prompt.meta) for t in prompt.turns]
     except (KeyError, IndexError) as e:
@@ -154,21 +205,55 @@ def frame(prompt: Prompt, template: str) -> Prompt:
 
 
 def _bench_plan(spec: dict, data_dir: str | None, limit: int | None) -> BenchPlan:
-    plan = BenchPlan(spec["bench"], spec.get("n") or 0, source=spec.get("source", ""))
+    # paper_n: the paper's own count, when the preset (or a variant) selects another n.
+    plan = BenchPlan(spec["bench"], spec.get("paper_n") or spec.get("n") or 0, source=spec.get("source", ""))
     if spec.get("note"):
         plan.notes.append(spec["note"])
     if spec.get("unavailable"):
         plan.unavailable = spec["unavailable"]
         return plan
-    prompts = load_benchmark(spec["bench"], data_dir, category=spec.get("category"))
+    if spec.get("hub_dataset"):
+        try:
+            prompts = hub_dataset_prompts(spec["bench"], spec["hub_dataset"])
+        except SpecbenchError as e:
+            plan.unavailable = str(e)
+            return plan
+    else:
+        prompts = load_benchmark(spec["bench"], data_dir, category=spec.get("category"))
     chosen, plan.selection = select_prompts(prompts, spec)
-    if plan.wanted and len(chosen) < plan.wanted:
-        plan.notes.append(f"only {len(chosen)} of the paper's {plan.wanted} prompts are available")
+    wanted = spec.get("n") or plan.wanted
+    if wanted and len(chosen) < wanted:
+        plan.notes.append(f"only {len(chosen)} of the {wanted} prompts the preset selects are available")
     if limit is not None:
         chosen = chosen[:limit]
         plan.selection += f", --limit {limit}"
     plan.prompts = [frame(p, spec.get("template", "{turn}")) for p in chosen]
     return plan
+
+
+def hub_dataset_prompts(bench: str, spec: dict) -> list[Prompt]:
+    """The rows of a Hugging Face dataset split as prompts (id = row index, meta = the row's fields, one
+    empty turn for the template to fill), for a paper whose loader reads the Hub rather than our data dir.
+    Its parquet files come through the HF cache (``HF_HUB_OFFLINE=1``: the cache only); one line if absent."""
+    import pandas as pd
+    from huggingface_hub import snapshot_download
+
+    from specbench.engine import hub
+
+    repo, split, revision = spec["path"], spec.get("split", "train"), spec.get("revision")
+    try:
+        folder = Path(snapshot_download(repo, repo_type="dataset", revision=revision, cache_dir=hub.hub_cache(),
+                                        allow_patterns=[f"*{split}-*.parquet", f"*/{split}/*.parquet"],
+                                        local_files_only=hub.offline()))
+    except Exception as e:  # offline and not cached, network down, no such repo: one line
+        why = "HF_HUB_OFFLINE=1 and not in the HF cache" if hub.offline() else type(e).__name__
+        raise SpecbenchError(f"needs the {split} split of {repo} from the Hugging Face Hub, which could not be read "
+                             f"({why}); run once online (or with the dataset in the HF cache)") from None
+    files = sorted(folder.rglob("*.parquet"))
+    if not files:
+        raise SpecbenchError(f"needs the {split} split of {repo}: no parquet files for it in {folder}")
+    rows = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True).to_dict("records")
+    return [Prompt(bench, str(i), [""], meta=row) for i, row in enumerate(rows)]
 
 
 def drafter_option(name: str) -> str:
@@ -207,7 +292,12 @@ def _drafter_options(entry: dict, names: list[str]) -> tuple[dict, str | None]:
 def _sides(preset: dict, entry: dict) -> tuple[list[dict], list[tuple[str, str]]]:
     """Runnable methods (with their drafter options) and the skipped ones with the reason."""
     runnable, skipped = [], []
+    paper_targets = {t["id"] for t in preset["targets"]}
     for m in preset["methods"]:
+        if m.get("targets") and entry["id"] in paper_targets and entry["id"] not in m["targets"]:
+            why = m.get("targets_note") or f"the paper has no {m['label']} row for {entry['id']}"
+            skipped.append((m["label"], why))
+            continue
         names = m.get("drafter") or []
         names = [names] if isinstance(names, str) else list(names)
         drafter_opts, why = _drafter_options(entry, names)
@@ -300,6 +390,19 @@ def build_plan(name: str, target: str, *, limit: int | None = None, out_dir: str
             for attn in preset.get("baseline_attn") or []:
                 if attn == "sdpa" and sides:
                     continue  # the run above already holds the SDPA vanilla side
+                # Methods the paper also times under this attention (``attn`` in the method entry) run beside
+                # vanilla in one file, labelled <label>-<attn> so the report keeps them apart from the SDPA rows.
+                also_here = [dataclasses.replace(s, label=f"{s.label}-{ATTN_TAGS.get(attn, attn)}")
+                             for m in runnable if attn in (m.get("attn") or ["sdpa"])
+                             for s in _side_plans(m, bench.bench, entry["id"])]
+                all_sides += [s for s in also_here if s.label not in {a.label for a in all_sides}]
+                if also_here:
+                    main, *rest = also_here
+                    cfg = RunConfig(method=main.method, options={k: _options_text(v) for k, v in main.options.items()},
+                                    label=main.label, also=[_also_spec(s) for s in rest], attn_implementation=attn,
+                                    out=str(out / f"{stem}_{attn}.jsonl"), **common)
+                    runs.append(RunPlan(cfg, bench.bench, temp, also_here, prompt_file))
+                    continue
                 cfg = RunConfig(method=BASELINE, baseline="none", attn_implementation=attn,
                                 out=str(out / f"{stem}_vanilla-{attn}.jsonl"), **common)
                 runs.append(RunPlan(cfg, bench.bench, temp, [SidePlan(BASELINE, BASELINE, {}, "")], prompt_file))
@@ -349,6 +452,10 @@ def format_plan(plan: Plan) -> str:
              f"  temperatures: {', '.join(f'{t:g}' for t in plan.temperatures)}  [{p.get('temperatures_source', '')}]",
              f"  dtype: {plan.runs[0].cfg.dtype if plan.runs else p.get('dtype')}  [{p.get('dtype_source', '')}]",
              f"  paper metric: {p['metric']['name']}: {p['metric']['description']}  [{p['metric'].get('source', '')}]"]
+    if p.get("variant_of"):
+        lines.append(f"  variant of {p['variant_of']}: its settings where this variant changes them")
+    if p.get("variant_names"):
+        lines.append(f"  variants: {', '.join(p['variant_names'])} (run with that name)")
     if p.get("baseline_attn"):
         lines.append(f"  vanilla baselines: {', '.join(p['baseline_attn'])} (the faster counts)  "
                      f"[{p.get('baseline_attn_source', '')}]")

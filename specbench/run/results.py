@@ -11,14 +11,18 @@ import os
 import platform
 import subprocess
 import sys
+from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import torch
 
+from specbench.engine import interrupt
 from specbench.engine.devices import BF16_CPU_FLAGS, cpu_fields
 from specbench.errors import SpecbenchError
 from specbench.records import GenerationRecord
+from specbench.run.safe_files import WriterLock, check_output, publish, temp_path
+from specbench.schemas import RESULTS_FIX, check_tree, parse_header, parse_record, parse_skip, record_key
 
 RecordKey = tuple[str, str, str, int]  # method, bench, prompt_id, turn
 
@@ -86,102 +90,177 @@ def weight_shas(meta: dict) -> dict[str, str | None]:
     return shas
 
 
-def _read_lines(path: Path) -> tuple[list[dict], int]:
-    """Parsed JSON objects and the byte length of the intact part. Only the last line may be
+@dataclass
+class ResultsContent:
+    """A results file as read: its header meta, its record and skip lines (with their line numbers),
+    and the byte length of the intact part (a torn last line excluded)."""
+
+    path: Path
+    meta: dict | None
+    records: list[tuple[int, GenerationRecord]]
+    skips: list[tuple[int, dict]]
+    lines: list[tuple[int, dict]]  # record and skip lines as parsed, in file order
+    good: int
+
+
+def _read_lines(path: Path, fix: str = RESULTS_FIX) -> tuple[list[tuple[int, dict]], int]:
+    """(line number, parsed object) and the byte length of the intact part. Only the last line may be
     damaged (the process died mid-write: it is dropped); a damaged line before it is refused."""
     objects, good = [], 0
     try:
         with open(path, "rb") as fh:
             lines = fh.readlines()
+    except IsADirectoryError:
+        raise SpecbenchError(f"{path} is a folder, not a results file; pass a .jsonl file") from None
     except OSError as exc:
-        raise SpecbenchError(f"cannot read {path} ({exc.strerror}); check its permissions or pass a new --out") from None
+        raise SpecbenchError(f"cannot read results file {path} ({exc.strerror}); check its permissions, or leave it "
+                             "out / pass a new --out") from None
     for number, raw in enumerate(lines, 1):
         last = number == len(lines)
         try:
             obj = json.loads(raw) if raw.endswith(b"\n") else None
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
             obj = None
         if not isinstance(obj, dict):
             if last:
                 break  # torn last line: cut off before appending
-            raise SpecbenchError(f"{path} is damaged at line {number} of {len(lines)} (not a JSON record); "
-                                 "move it aside and rerun, or pass --overwrite to start it again")
-        objects.append(obj)
+            raise SpecbenchError(f"{path} is damaged at line {number} of {len(lines)} (not a JSON record); {fix}")
+        check_tree(obj, path, number, fix)
+        objects.append((number, obj))
         good += len(raw)
+    if lines and not objects and len(lines) == 1 and lines[0].endswith(b"\n"):
+        raise SpecbenchError(f"{path} is not a specbench results file (its one line is not a JSON record); {fix}")
     return objects, good
 
 
-class RunStore:
-    """One results file: ``open`` checks resume compatibility and returns the finished keys."""
+def read_results(path: str | Path, fix: str = RESULTS_FIX, lenient: bool = False) -> ResultsContent:
+    """Every line checked against its schema; a second header (two runs wrote the file at once) and a
+    record held twice are refused, not counted twice. ``lenient``: records of older writers may lack
+    fields (they get defaults)."""
+    path = Path(path)
+    objects, good = _read_lines(path, fix)
+    meta, header_line = None, 0
+    records, skips, lines = [], [], []
+    seen: dict[RecordKey, int] = {}
+    for number, obj in objects:
+        kind = obj.get("type")
+        if kind == "header":
+            if header_line:
+                raise SpecbenchError(f"{path} has two headers (lines {header_line} and {number}): two runs wrote to "
+                                     "it at once; keep one run's lines, or rerun with --overwrite")
+            if number != objects[0][0]:
+                raise SpecbenchError(f"{path} line {number}: the header is not the first line; {fix}")
+            meta, header_line = parse_header(obj, path, number, fix), number
+        elif kind == "record":
+            record = parse_record(obj, path, number, fix, lenient=lenient)
+            key = record_key(record)
+            if key in seen:
+                raise SpecbenchError(f"{path} holds the {key[0]} record of prompt {key[2]} turn {key[3]} twice (lines "
+                                     f"{seen[key]} and {number}): two runs wrote to it at once; keep one copy, or "
+                                     "rerun with --overwrite")
+            seen[key] = number
+            records.append((number, record))
+            lines.append((number, obj))
+        elif kind == "skip":
+            parse_skip(obj, path, number, fix)
+            skips.append((number, obj))
+            lines.append((number, obj))
+        elif not header_line:
+            raise SpecbenchError(f"{path} has no header line; it is not a specbench results file (pass a new --out, "
+                                 "or --overwrite to replace it)")
+        else:
+            raise SpecbenchError(f"{path} line {number} is not a header, record or skip line (type "
+                                 f"{str(kind)[:40]!r}); it is not a specbench results file, {fix}")
+    return ResultsContent(path, meta, records, skips, lines, good)
 
-    def __init__(self, path: str | Path, meta: dict, resume: bool = False, overwrite: bool = False) -> None:
+
+class RunStore:
+    """One results file: ``open`` checks resume compatibility and returns the finished keys.
+
+    A new file is written to a hidden temporary beside ``path`` and renamed into place with its
+    first record (or, with none, on a clean finish): a run that fails or is stopped before that
+    leaves no file, and under --overwrite the old file stays whole until then. One writer at a time
+    (``WriterLock``)."""
+
+    def __init__(self, path: str | Path, meta: dict, resume: bool = False, overwrite: bool = False,
+                 inputs: tuple = ()) -> None:
         self.path = Path(path)
         self.meta = meta
         self.done: dict[RecordKey, GenerationRecord] = {}
         self.skipped: set[RecordKey] = set()  # turns recorded as skipped (part files of a sharded run)
+        self.fh = None
+        self.replacing = False  # --overwrite of an existing file: the old one stays until our first record
+        check_output(self.path, inputs)
         try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
             existing = self.path.is_file() and self.path.stat().st_size > 0
         except OSError as exc:  # a folder on the way that this user may not enter
             raise SpecbenchError(f"cannot write results to {self.path} ({exc.strerror}); pass a writable --out") from None
-        if existing:
-            if resume:
-                self._load_existing()
-            elif not overwrite:
-                raise SpecbenchError(f"{self.path} already exists; pass --resume to continue it, "
-                                     "--overwrite to replace it, or a new --out")
-            else:
-                self.path.unlink()
-        elif resume:
-            pass  # nothing to resume: start fresh
-        self._open()
-
-    @staticmethod
-    def _read_checked(path: Path, expected_hash: str | None) -> tuple[list[dict], int]:
-        objects, good = _read_lines(path)
-        header = objects[0] if objects and objects[0].get("type") == "header" else None
-        if header is None or not isinstance(header.get("meta"), dict):
-            raise SpecbenchError(f"{path} has no header line; it is not a specbench results file "
-                                 "(pass a new --out, or --overwrite to replace it)")
-        theirs = header["meta"].get("config_hash")
-        if theirs != expected_hash:
-            raise SpecbenchError(f"{path} was written by a different configuration (config {theirs}, now "
-                                 f"{expected_hash}); rerun with the same options or write to a new --out")
-        return objects, good
-
-    @classmethod
-    def read_done(cls, path: str | Path, expected_hash: str | None) -> dict[RecordKey, GenerationRecord]:
-        """The finished records of another file of the same run (read only)."""
-        objects, _ = cls._read_checked(Path(path), expected_hash)
-        records = [GenerationRecord.from_dict(o) for o in objects if o.get("type") == "record"]
-        return {(r.method, r.bench, r.prompt_id, r.turn): r for r in records}
-
-    def _load_existing(self) -> None:
-        objects, good = self._read_checked(self.path, self.meta.get("config_hash"))
-        self.existing = objects[0]["meta"]
-        for number, o in enumerate(objects, 1):
-            if o.get("type") == "record":
-                try:
-                    r = GenerationRecord.from_dict(o)
-                except (TypeError, KeyError, ValueError):
-                    raise SpecbenchError(f"{self.path} is damaged at line {number} (not a record of this specbench); "
-                                         "move it aside and rerun, or pass --overwrite") from None
-                self.done[(r.method, r.bench, r.prompt_id, r.turn)] = r
-            elif o.get("type") == "skip":
-                self.skipped.add((o["method"], o["bench"], o["prompt_id"], o["turn"]))
-        with open(self.path, "r+b") as fh:  # drop a torn tail so appends start on a fresh line
-            fh.truncate(good)
-
-    def _open(self) -> None:
-        # Opened now so an unwritable path fails before any model loads; the header is written
-        # by ``start`` once the environment (hardware, versions) is known.
+        self._check_writable()
+        self.lock = WriterLock(self.path)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if existing:
+                if resume:
+                    self._load_existing()
+                elif not overwrite:
+                    raise SpecbenchError(f"{self.path} already exists; pass --resume to continue it, "
+                                         "--overwrite to replace it, or a new --out")
+                else:
+                    self.replacing = True
+            self._open(append=existing and resume)
+        except BaseException:
+            self.lock.release()
+            raise
+        interrupt.note_kept(self.kept)
+
+    def _check_writable(self) -> None:
+        try:
             if self.path.is_dir():
                 raise IsADirectoryError(errno.EISDIR, "a folder")
             if not os.access(self.path.parent, os.W_OK):
                 raise PermissionError(errno.EACCES, "the folder is read-only")
-            self.fresh = not self.path.exists() or self.path.stat().st_size == 0
-            self.fh = open(self.path, "a", encoding="utf-8")
+        except OSError as exc:
+            raise SpecbenchError(f"cannot write results to {self.path} ({exc.strerror}); pass a writable --out") from None
+
+    @staticmethod
+    def _read_checked(path: Path, expected_hash: str | None) -> ResultsContent:
+        content = read_results(path)
+        if content.meta is None:
+            raise SpecbenchError(f"{path} has no header line; it is not a specbench results file "
+                                 "(pass a new --out, or --overwrite to replace it)")
+        theirs = content.meta.get("config_hash")
+        if theirs != expected_hash:
+            raise SpecbenchError(f"{path} was written by a different configuration (config {theirs}, now "
+                                 f"{expected_hash}); rerun with the same options or write to a new --out")
+        return content
+
+    @classmethod
+    def read_done(cls, path: str | Path, expected_hash: str | None) -> dict[RecordKey, GenerationRecord]:
+        """The finished records of another file of the same run (read only)."""
+        content = cls._read_checked(Path(path), expected_hash)
+        return {record_key(r): r for _, r in content.records}
+
+    def _load_existing(self) -> None:
+        content = self._read_checked(self.path, self.meta.get("config_hash"))
+        self.existing = content.meta
+        self.done = {record_key(r): r for _, r in content.records}
+        self.skipped = {record_key(o) for _, o in content.skips}
+        self._good_on_disk = content.good
+
+    def _open(self, append: bool) -> None:
+        # Opened now so an unwritable path fails before any model loads; the header is written
+        # by ``start`` once the environment (hardware, versions) is known.
+        try:
+            if append:
+                with open(self.path, "r+b") as fh:  # drop a torn tail so appends start on a fresh line
+                    fh.truncate(self._good_on_disk)
+                self.fh = open(self.path, "a", encoding="utf-8")
+                self.writing = self.path
+                self.fresh, self.published = False, True
+            else:
+                self.writing = temp_path(self.path)
+                self.fh = open(self.writing, "w", encoding="utf-8")
+                self.fresh, self.published = True, False
             self.good = self.fh.tell()  # bytes of whole lines so far
         except OSError as exc:
             raise SpecbenchError(f"cannot write results to {self.path} ({exc.strerror}); pass a writable --out") from None
@@ -205,16 +284,25 @@ class RunStore:
 
     def _write(self, obj: dict) -> None:
         line = json.dumps(obj, ensure_ascii=False, default=str) + "\n"
-        try:
-            self.fh.write(line)
-            self.fh.flush()
-            os.fsync(self.fh.fileno())
-        except OSError as exc:
-            self._cut_back()
-            full = " (disk full)" if exc.errno == errno.ENOSPC else ""
-            raise SpecbenchError(f"could not append to {self.path}{full}: {exc.strerror}; the file is valid up to its "
-                                 f"last whole record ({len(self.done)} records); free space and rerun with --resume") from None
-        self.good += len(line.encode("utf-8"))
+        with interrupt.critical():  # a signal waits for the line to be whole on disk
+            try:
+                self.fh.write(line)
+                self.fh.flush()
+                os.fsync(self.fh.fileno())
+            except OSError as exc:
+                self._cut_back()
+                full = " (disk full)" if exc.errno == errno.ENOSPC else ""
+                kept = (f"the file is valid up to its last whole record ({len(self.done)} records); free space and "
+                        "rerun with --resume") if self.published else "nothing was kept; free space and rerun"
+                raise SpecbenchError(f"could not append to {self.path}{full}: {exc.strerror}; {kept}") from None
+            self.good += len(line.encode("utf-8"))
+            if obj.get("type") != "header" and not self.published:
+                self._publish()
+
+    def _publish(self) -> None:
+        """The first record is on disk: the file takes its place (replacing an old one under --overwrite)."""
+        publish(self.writing, self.path)
+        self.writing, self.published, self.replacing = self.path, True, False
 
     def _cut_back(self) -> None:
         """After a failed write: drop the partial line so the file ends with a whole record."""
@@ -224,19 +312,13 @@ class RunStore:
             pass  # the buffered tail could not be flushed either; it is cut below
         self.fh = open(os.devnull, "w")  # later closes are harmless
         try:
-            os.truncate(self.path, self.good)
+            os.truncate(self.writing, self.good)
         except OSError:
             pass
 
-    def abandon(self) -> None:
-        """The run failed before its header: remove the empty file this store created."""
-        self.close()
-        if self.fresh and self.path.exists() and self.path.stat().st_size == 0:
-            self.path.unlink()
-
     def append(self, record: GenerationRecord) -> None:
         self._write({"type": "record", **record.to_dict()})
-        self.done[(record.method, record.bench, record.prompt_id, record.turn)] = record
+        self.done[record_key(record)] = record
 
     def skip(self, method: str, bench: str, prompt_id: str, turn: int, query_index: int) -> None:
         """Note a turn the run skipped (too long for the context), once."""
@@ -246,11 +328,28 @@ class RunStore:
                          "query_index": query_index})
             self.skipped.add(key)
 
-    def close(self) -> None:
-        self.fh.close()
+    def kept(self) -> str:
+        """What a stop now keeps, for the interrupted line."""
+        if self.published:
+            return f"finished records kept in {self.path} ({len(self.done)} records)"
+        if self.replacing:
+            return f"no new records yet; {self.path} is unchanged"
+        return f"no records yet; {self.path} was not written"
 
-    def abandon(self) -> None:
-        """Close; a file this run created and wrote nothing to is removed (failed before the header)."""
-        self.fh.close()
-        if self.fresh and self.path.exists() and self.path.stat().st_size == 0:
-            self.path.unlink()
+    def finish(self) -> None:
+        """A clean end: a run with no record to write (all skipped or already done) still leaves its file."""
+        if not self.published and not self.fresh:
+            self.fh.flush()
+            os.fsync(self.fh.fileno())
+            self._publish()
+        self.close()
+
+    def close(self) -> None:
+        """Close; a temporary that never got a record is removed (the run failed or stopped before one)."""
+        if self.fh is not None:
+            self.fh.close()
+        if not self.published and self.writing.exists():
+            self.writing.unlink()
+        self.lock.release()
+
+    abandon = close  # the run failed before its header

@@ -9,7 +9,7 @@ recorded order (``--passes N`` repeats it).
 
 Under ``torchrun --nproc-per-node N`` each rank runs queries i with i % N == rank (every side of
 a query on one rank, in the same alternating order), appends to its own part file, and rank 0
-merges the parts into ``--out`` (see ``specbench/merge.py``)."""
+merges the parts into ``--out`` (see ``specbench/run/merge.py``)."""
 
 from __future__ import annotations
 
@@ -23,14 +23,19 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from specbench.run import distributed, machine_load
+from specbench.run import distributed, drafter_paths, machine_load
+
+from specbench import divergence, metrics
+
 from specbench.engine import hub, interrupt
-from specbench import metrics
 from specbench.run.benchmarks import Prompt, check_data_dir_option
 from specbench.engine.devices import choose_dtype, resolve_device
-from specbench.engine.drafter import Drafter, method_class, parse_options
+from specbench.engine.drafter import Drafter
+from specbench.engine.registry import method_class, parse_options
 from specbench.engine.loop import GenerationConfig, generate, generate_turns
 from specbench.errors import SpecbenchError
+from specbench.run.benchmarks import HEADER_KEY, category_header
+from specbench.options import LONGEST_CONTEXT, check_context
 from specbench.run.merge import find_parts, merge_runs, part_path, read_run, write_run
 from specbench.engine.prompts import ChatFormat, render_chat
 from specbench.records import GenerationRecord
@@ -80,6 +85,7 @@ class RunConfig:
     chat_template_kwargs: dict = field(default_factory=dict)  # passed to apply_chat_template
     repeats: int = 1  # times each prompt turn is generated and timed per side (the median one is reported)
     budget: int | None = None  # drafted nodes per verify for every side with a budget option (Drafter.budget_option)
+    config_file: str | None = None  # --config: an input, so never the output (not in the identity)
 
     @property
     def method_label(self) -> str:
@@ -174,8 +180,9 @@ def validate(cfg: RunConfig) -> None:
         raise SpecbenchError(f"--limit must be >= 1 (got {cfg.limit}); omit it to run every prompt")
     if cfg.temperature < 0:
         raise SpecbenchError(f"--temperature must be >= 0 (got {cfg.temperature}); 0 is greedy")
-    if cfg.max_new_tokens < 1:
-        raise SpecbenchError(f"--max-new-tokens must be >= 1 (got {cfg.max_new_tokens})")
+    if not 1 <= cfg.max_new_tokens <= LONGEST_CONTEXT:
+        raise SpecbenchError(f"--max-new-tokens must be between 1 and {LONGEST_CONTEXT} (no model holds a longer "
+                             f"context; got {cfg.max_new_tokens})")
     if cfg.baseline not in (BASELINE, "none"):
         raise SpecbenchError(f"--baseline must be 'vanilla' or 'none' (got {cfg.baseline!r})")
     if not 1 <= cfg.passes <= MAX_PASSES:
@@ -186,6 +193,9 @@ def validate(cfg: RunConfig) -> None:
         raise SpecbenchError(f"--repeats must be >= 1 (got {cfg.repeats})")
     if cfg.budget is not None and cfg.budget < 1:
         raise SpecbenchError(f"--budget must be >= 1 drafted node (got {cfg.budget})")
+    if cfg.budget is not None and cfg.budget > LONGEST_CONTEXT:
+        raise SpecbenchError(f"--budget must be <= {LONGEST_CONTEXT} drafted nodes (no model holds a longer context; "
+                             f"got {cfg.budget})")
     if cfg.on_long_prompt not in ("skip", "fail"):
         raise SpecbenchError(f"--on-long-prompt must be 'skip' or 'fail' (got {cfg.on_long_prompt!r})")
     try:
@@ -206,7 +216,8 @@ def weights_metadata(target: Target, sides: list[tuple[str, Drafter]]) -> dict:
     """The files and commit sha of the target and of every side's weights (sha None: a local path)."""
     source = target.source or hub.Resolved(target.name, Path(target.name))
     return {"target": source.as_dict(),
-            "drafters": {label: {name: src.as_dict() for name, src in d.sources.items()} for label, d in sides}}
+            "drafters": {label: {name: drafter_paths.portable(src.as_dict()) for name, src in d.sources.items()}
+                         for label, d in sides}}
 
 
 def default_out(cfg: RunConfig) -> Path:
@@ -214,6 +225,21 @@ def default_out(cfg: RunConfig) -> Path:
     label = cfg.method_label + (f"@{parse_sweep(cfg.sweep)[0]}-sweep" if cfg.sweep else "")
     passes = f"_x{cfg.passes}" if cfg.passes > 1 else ""
     return Path("results") / f"{label}_{stream_name(cfg.bench)}{passes}_{target}_T{cfg.temperature:g}.jsonl"
+
+
+def check_label_path(out: Path, label: str) -> None:
+    """--label names the default results file: it must stay inside results/."""
+    root = Path("results").resolve()
+    if not out.resolve().is_relative_to(root) or "\x00" in label:
+        raise SpecbenchError(f"--label {label!r} would put the results file outside results/ ({out}); use a label "
+                             "without '..' or '/', or pass --out")
+
+
+def run_inputs(cfg: RunConfig, sides: list[Side]) -> tuple:
+    """(option, path) of every file the run reads that could be named as its output by mistake."""
+    found = [("--bench", cfg.bench), ("--target", cfg.target), ("--config", cfg.config_file)]
+    found += [(f"--opt {k}", v) for side in sides for k, v in side.options.items() if isinstance(v, str)]
+    return tuple((option, path) for option, path in found if path)
 
 
 def record_seed(seed: int, prompt_id: str, turn: int) -> int:
@@ -256,23 +282,33 @@ class Runner:
         meta = {**cfg.identity(), **({"preset": cfg.preset} if cfg.preset else {}), "method_options": {spec.label: asdict(opts) for spec, _, opts in parsed},
                 "config_hash": config_hash(cfg.identity()), "stream": [q.prompt.id for q in stream],
                 "stream_turns": [len(q.prompt.turns) for q in stream],
+                HEADER_KEY: category_header(q.prompt for q in stream),  # where each prompt's category came from
                 "sides": [spec.label for spec, _, _ in parsed] + ([BASELINE] if with_baseline else []),
                 "methods": {spec.label: cls.report_names() for spec, cls, _ in parsed}
                 | ({BASELINE: method_class(BASELINE).report_names()} if with_baseline else {}),
                 "world_size": self.world.size}
         self.out = Path(cfg.out or default_out(cfg))
+        if cfg.out is None:
+            check_label_path(self.out, cfg.method_label)
+        self.inputs = run_inputs(cfg, specs)
         if self.world.active:
             self.store = self._open_part(meta)
         else:
-            self.store = RunStore(self.out, meta, resume=cfg.resume, overwrite=cfg.overwrite)
+            self.store = RunStore(self.out, meta, resume=cfg.resume, overwrite=cfg.overwrite, inputs=self.inputs)
         try:  # a model that fails to load leaves no results file behind
-            with distributed.main_first():  # rank 0 fills any model cache before the others read it
+            # a signal during a load stops it at once (nothing to keep yet)
+            with distributed.main_first(), interrupt.abortable():  # rank 0 fills any model cache first
                 self._load(cfg, parsed, with_baseline)
         except BaseException:
             self.store.abandon()
             raise
         self.sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
         self.skipped: list[str] = []
+        # T = 0 with a vanilla side: each method turn is compared with vanilla's (divergence.py); a method turn
+        # that ran before its vanilla twin waits here, unwritten, until the twin exists (lost on an interrupt,
+        # so a resume reruns it).
+        self.explain = with_baseline and self.sampling.greedy
+        self.held: dict[tuple, GenerationRecord] = {}
         learners = [label for label, d in self.sides if d.learns]
         if cfg.resume and self.store.done and learners:
             warnings.warn(f"resuming {', '.join(learners)}: what they learnt before the interruption is not restored, "
@@ -298,7 +334,8 @@ class Runner:
                 if path != mine:
                     done.update(RunStore.read_done(path, meta["config_hash"]))
         distributed.barrier()
-        store = RunStore(mine, {**meta, "rank": world.rank}, resume=cfg.resume, overwrite=cfg.overwrite)
+        store = RunStore(mine, {**meta, "rank": world.rank}, resume=cfg.resume, overwrite=cfg.overwrite,
+                         inputs=self.inputs)
         store.done.update(done)
         return store
 
@@ -311,7 +348,7 @@ class Runner:
         else:
             sources = ours
         meta, lines = merge_runs(sources)
-        write_run(self.out, meta, lines)
+        write_run(self.out, meta, lines, inputs=self.inputs)
         for path in find_parts(self.out):
             path.unlink()
         merged = read_run(self.out)
@@ -322,6 +359,11 @@ class Runner:
         """Target, prompt format and every side's drafter; then the header (with their shas)."""
         self.target = Target.load(cfg.target, cfg.dtype, distributed.rank_device(cfg.device, self.world),
                                   cfg.attn_implementation, cfg.target_revision, device_map=cfg.device_map)
+        if cfg.max_new_tokens + 1 > self.target.max_context:  # no prompt, however short, could be answered
+            raise SpecbenchError(f"--max-new-tokens {cfg.max_new_tokens} does not fit the target's context of "
+                                 f"{self.target.max_context} tokens with any prompt; pass a smaller --max-new-tokens")
+        for spec, _, opts in parsed:  # chain lengths and tree budgets against the context, before any weights load
+            check_context(opts, spec.label, self.target.max_context, cfg.max_new_tokens)
         self.target.chat = ChatFormat(cfg.chat_template, cfg.chat_template_kwargs).resolve(
             self.target.tokenizer, self.target.name) if self.target.tokenizer is not None else None
         self.sides: list[tuple[str, Drafter]] = []
@@ -385,7 +427,44 @@ class Runner:
             record.bench, record.prompt_id, record.query_index = self.bench, prompt.id, query.index
             record.config_hash = self.store.meta["config_hash"]
             record.load_avg = machine_load.load_average()
+            self._store(label, record)
+
+    # ---- divergence from vanilla ----------------------------------------------------------------
+    def _store(self, label: str, record: GenerationRecord) -> None:
+        """Append a finished turn; at T = 0 a method turn first gets its divergence from vanilla's turn
+        (held until vanilla's has run), and vanilla's turn releases the method turns that wait for it."""
+        if not self.explain:
             self.store.append(record)
+            return
+        twin = (record.bench, record.prompt_id, record.turn)
+        if label == BASELINE:
+            self.store.append(record)
+            for key in [k for k in self.held if k[1:] == twin]:
+                self._explain_and_append(self.held.pop(key), record)
+        elif (base := self.store.done.get((BASELINE, *twin))) is not None:
+            self._explain_and_append(record, base)
+        else:
+            self.held[(label, *twin)] = record
+
+    def _explain_and_append(self, record: GenerationRecord, base: GenerationRecord | None) -> None:
+        earlier = self.store.done.get((record.method, record.bench, record.prompt_id, record.turn - 1))
+        if base is None:
+            pass  # vanilla did not run this turn (e.g. its own earlier answers made the prompt too long)
+        elif earlier is not None and earlier.divergence and (earlier.divergence.get("status") != divergence.IDENTICAL
+                                                            or "after_turn" in earlier.divergence):
+            first = earlier.divergence.get("after_turn", earlier.turn)
+            record.divergence = divergence.inherited(earlier.divergence, first)
+        else:
+            record.divergence = divergence.classify(record.new_tokens, base.new_tokens,
+                                                    getattr(record, "top_logits", None),
+                                                    getattr(base, "top_logits", None), self.target.dtype,
+                                                    divergence.layers_of(self.target.model))
+        self.store.append(record)
+
+    def _release_held(self) -> None:
+        """After a query: method turns whose vanilla twin never ran are written without a divergence."""
+        for key in list(self.held):
+            self._explain_and_append(self.held.pop(key), None)
 
     def _warmup(self) -> None:
         """One short generation per side, discarded: first calls pay for allocation and kernels."""
@@ -399,11 +478,11 @@ class Runner:
             generate(self.target, drafter, ids, GenerationConfig(16, self.sampling, 0))
 
     def run(self) -> list[GenerationRecord]:
-        if self.cfg.warmup and self.prompts:
-            self._warmup()
         columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
-        try:
+        try:  # whatever ends the run, the store closes (a file without a record is not left behind)
+            if self.cfg.warmup and self.prompts:
+                self._warmup()
             # Under torchrun only rank 0 draws its bar (its share of the queries).
             with Progress(*columns, console=self.console, transient=False, disable=not self.world.main) as progress:
                 names = ", ".join(label for label, _ in self.sides if label != BASELINE)
@@ -414,11 +493,10 @@ class Runner:
                     order = self.sides if query.index % 2 == 0 else self.sides[::-1]
                     for label, drafter in order:
                         self._run_side(label, drafter, query)
+                    self._release_held()
                     progress.advance(task)
-        except interrupt.Interrupted as exc:
-            exc.kept = f"{self.store.path} ({len(self.store.done)} records)"  # the CLI's resume line names it
-            raise
-        finally:
+            self.store.finish()
+        finally:  # on a stop, the CLI's last line says what the store kept (interrupt.kept)
             self.store.close()
         if self.world.active:
             distributed.barrier()  # every part is complete
@@ -437,7 +515,8 @@ def _naming_prompt(records, prompt_id: str):
 def summary_table(records: list[GenerationRecord], temperature: float) -> Table:
     """τ, tokens/s, speedups, T_D% and greedy match per bench and method."""
     table = Table(title="specbench summary", show_lines=False)
-    for col in ("bench", "method", "turns", "τ", "tok/s", "speedup", "decode-only", "T_D%", "greedy match"):
+    for col in ("bench", "method", "turns", "τ", "tok/s", "speedup", "decode-only", "T_D%", "greedy match",
+                "same/near-tie/unexpl."):
         table.add_column(col, justify="left" if col in ("bench", "method") else "right")
     benches = sorted({r.bench for r in records})
     for bench in benches:
@@ -452,5 +531,6 @@ def summary_table(records: list[GenerationRecord], temperature: float) -> Table:
                 f"{metrics.speedup(ours, base, decode_only=True):.2f}×" if has_base else "—",
                 f"{100 * metrics.draft_share(ours):.0f}%",
                 f"{100 * metrics.greedy_match_rate(ours, base):.0f}%" if has_base and temperature == 0 else "—",
+                divergence.summary(r.divergence for r in ours) if any(r.divergence for r in ours) else "—",
             )
     return table

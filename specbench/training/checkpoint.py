@@ -63,9 +63,18 @@ def read_drafter_config(folder: str | Path) -> dict:
         raise SpecbenchError(f"{folder} is not a drafter folder (no {CONFIG}); train one with `specbench train` "
                              "or pass the right path")
     try:
-        return json.loads(path.read_text())
+        raw = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise SpecbenchError(f"{path} is corrupt ({exc.msg} at line {exc.lineno}); retrain or re-download it") from None
+    except (UnicodeDecodeError, RecursionError):
+        raise SpecbenchError(f"{path} is corrupt (not UTF-8 JSON, or nested past reading); retrain or re-download it") \
+            from None
+    from specbench.schemas import check_tree
+
+    check_tree(raw, path, None, "retrain or re-download the drafter")  # lone surrogates, absurd nesting
+    if not isinstance(raw, dict):
+        raise SpecbenchError(f"{path} is corrupt (a {type(raw).__name__}, not a mapping); retrain or re-download it")
+    return raw
 
 
 def config_value(config: dict, key: str, folder: str | Path):

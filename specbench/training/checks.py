@@ -2,25 +2,26 @@
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 from typing import Callable, Optional
 
 from specbench.errors import SpecbenchError
+from specbench.options import Declared, check_values
 
-MAX_INT = 2**31 - 1
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
-def check_options(values: dict, rules: dict[str, dict], then: Callable[[], None] | None = None) -> None:
-    """``values``: flag name -> value, in command-line order; ``rules``: name -> its field rules
-    (``min``, ``positive``, ``fraction``, ``note``; see ``training.plugin``); ``then``: a command's
-    own checks. Then the shared values every command may take: dtype, data dir, prompt file (read
-    now, so a damaged one fails before the target loads) and the output folder."""
+def check_options(values: dict, declared: dict[str, Declared], then: Callable[[], None] | None = None) -> None:
+    """``values``: flag name -> value, in command-line order; ``declared``: name -> its declaration
+    (type and range, ``specbench.options``); ``then``: a command's own checks. Then the shared values
+    every command may take: dtype, data dir, prompt file (read now, so a damaged one fails before
+    the target loads) and the output folder."""
     from specbench.engine.target import resolve_dtype
 
-    for name, value in values.items():
-        check_value(name, value, rules.get(name, {}))
+    check_values(values, declared, flag)
     if then is not None:
         then()
     if values.get("dtype", "auto") != "auto":
@@ -36,23 +37,6 @@ def check_options(values: dict, rules: dict[str, dict], then: Callable[[], None]
     out = values.get("out")
     if out is not None:
         check_writable_folder(Path(out))
-
-
-def check_value(name: str, value, rule: dict) -> None:
-    flag = "--" + name.replace("_", "-")
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return
-    note = f"; {rule['note']}" if rule.get("note") else ""
-    if isinstance(value, int) and value > MAX_INT:
-        raise SpecbenchError(f"{flag} {value} is too large")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise SpecbenchError(f"{flag} must be a finite number (got {value})")
-    if "min" in rule and value < rule["min"]:
-        raise SpecbenchError(f"{flag} must be >= {rule['min']} (got {value}){note}")
-    if rule.get("fraction") and not 0 <= value < 1:
-        raise SpecbenchError(f"{flag} must be in [0, 1) (got {value}){note}")
-    if rule.get("positive") and value <= 0:
-        raise SpecbenchError(f"{flag} must be > 0 (got {value}){note}")
 
 
 def layer_numbers(value: str, flag: str, required: bool = False) -> list[int]:

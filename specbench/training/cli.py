@@ -12,9 +12,10 @@ from typing import Optional
 import typer
 from typer.core import TyperGroup
 
+from specbench import options as opts
 from specbench.training.checks import check_options, prompt_file
 from specbench.training.heap import return_large_frees_to_os
-from specbench.training.plugin import TrainOptions, field_metadata
+from specbench.training.plugin import TrainOptions
 
 
 class TrainCommands(TyperGroup):
@@ -39,20 +40,18 @@ class TrainCommands(TyperGroup):
 train_app = typer.Typer(cls=TrainCommands, no_args_is_help=True, help="Regenerate training data and train drafters.")
 
 
-def _rules(options_cls: type) -> dict[str, dict]:
-    return {f.name: field_metadata(options_cls, f.name) for f in dataclasses.fields(options_cls)}
-
-
 def trainer_command(name: str, trainer):
     """A click command for ``trainer``: one option per field of its options dataclass (type, default
     and help from the field); it checks the values, then calls ``trainer().train(options)``."""
-    from specbench.training.plugin import field_types, option_fields
+    from specbench.training.plugin import option_fields
 
-    types = field_types(trainer.Options)
+    declared = opts.declared_by_name(trainer.Options)
     params = []
     for f in option_fields(trainer):
-        flag = typer.Option(_default(f), help=field_metadata(trainer.Options, f.name).get("help"))
-        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=types[f.name], default=flag))
+        option = declared[f.name]
+        default = typer.Option(_default(f), help=opts.help_text(option))
+        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=option.type,
+                                        default=default))
 
     def command(**values) -> None:
         run_trainer(trainer, values)
@@ -76,7 +75,7 @@ def run_trainer(trainer, values: dict) -> dict:
     """Check ``values`` (flag name -> value) before anything loads, then train."""
     options = trainer.Options(**values)
     method = trainer()
-    check_options(values, _rules(trainer.Options), then=lambda: method.check(options))
+    check_options(values, opts.declared_by_name(trainer.Options), then=lambda: method.check(options))
     options.dtype = training_dtype(options.dtype, options.device)
     return_large_frees_to_os()
     return method.train(options)
@@ -94,14 +93,13 @@ def training_dtype(spec: str, device: str) -> str:
     return dtype
 
 
-# `train data` shares these options' help and rules with the trainers.
-_SHARED = {f.name: f for f in dataclasses.fields(TrainOptions)}
-DATA_RULES = {**{name: field_metadata(TrainOptions, name) for name in _SHARED},
-              "temperature": {"min": 0, "note": "0 is greedy"}}
+# `train data` shares these options' help and ranges with the trainers.
+_SHARED = opts.declared_by_name(TrainOptions)
+DATA_OPTIONS = {**_SHARED, "temperature": opts.Declared("temperature", float, 0.0, ge=0, note="0 is greedy")}
 
 
 def _shared(name: str):
-    return typer.Option(_SHARED[name].default, help=field_metadata(TrainOptions, name)["help"])
+    return typer.Option(_SHARED[name].default, help=opts.help_text(_SHARED[name]))
 
 
 @train_app.command("data")
@@ -122,12 +120,17 @@ def data(
 ) -> None:
     """Answer the prompts with the target (resumable; under torchrun each rank answers its share);
     prints where the data is cached."""
-    check_options(locals(), DATA_RULES)
+    check_options(locals(), DATA_OPTIONS)
     from specbench.run import distributed
     from specbench.training.checkpoint import vocab_fingerprint
     from specbench.training.data import _prompt_digest, export_responses
     from specbench.training.fit import load_data, load_target
 
+    if export is not None:  # refused before the target loads: the prompts, a device, a FIFO, a symlink
+        from specbench.run.safe_files import check_output
+
+        check_output(export, [("--prompts", prompts), ("--prompts", prompt_file(prompts, data_dir)),
+                              ("--target", target)], what="--export")
     t = load_target(target, training_dtype(dtype, device), device)
     out, examples = load_data(t, prompts, data_dir, limit, max_new_tokens, batch_size, temperature, max_prompt_tokens)
     tokens = sum(len(e["response_ids"]) for e in examples)

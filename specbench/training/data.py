@@ -157,12 +157,14 @@ def export_responses(cache_file: str | Path, out: str | Path, **provenance) -> P
 
     examples = read_examples(cache_file)
     header = {"responses_of": Path(cache_file).name, "examples": len(examples), **provenance}
+    from specbench.run.safe_files import atomic_path
+
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with gzip.open(out, "wt", encoding="utf-8") as fh:
-        fh.write(json.dumps(header) + "\n")
-        for e in examples:
-            fh.write(json.dumps({"id": e["id"], "response_ids": e["response_ids"]}, separators=(",", ":")) + "\n")
+    with atomic_path(out, "--export") as tmp:  # whole or not at all; never over the prompts it answers
+        with gzip.open(tmp, "wt", encoding="utf-8") as fh:
+            fh.write(json.dumps(header) + "\n")
+            for e in examples:
+                fh.write(json.dumps({"id": e["id"], "response_ids": e["response_ids"]}, separators=(",", ":")) + "\n")
     return out
 
 

@@ -5,10 +5,9 @@ A method's Drafter class names its trainer (``Drafter.trainer``: a ``MethodTrain
 ``"module:Class"`` reference imported only when `specbench train` needs it). A trainer declares
 
 - ``Options``: a dataclass extending ``TrainOptions`` (the options every trainer shares) with its
-  own fields; a field redeclared only to change its default keeps the shared help and rule. Help
-  texts and value rules live in the field's metadata (``option(default, help, min=..., ...)``);
-  the command line is built from these fields (``--draft-vocab`` from ``draft_vocab``, bools as
-  ``--x/--no-x``);
+  own fields, declared with ``specbench.options.option`` (help and range) like a method's options;
+  a field redeclared only to change its default keeps the shared help and range; the command line
+  is built from these fields (``--draft-vocab`` from ``draft_vocab``, bools as ``--x/--no-x``);
 - ``command``: the `specbench train COMMAND` name ("" = the method's registered name);
 - ``omit``: shared options it does not take (no flag; the field keeps its default);
 - ``check(options)``: checks no field rule can say (one ``SpecbenchError`` line), run before the
@@ -20,24 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import typing
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Optional
 
-# Value rules a field may declare in its metadata (checked by ``training.checks.check_options``):
-#   min=N       the value must be >= N          positive=True  the value must be > 0
-#   fraction=True  the value must be in [0, 1)  note="..."     appended to a rule's message
-_MISSING = dataclasses.MISSING
+from specbench.options import option
 
-
-def option(default: Any = _MISSING, help: str | None = None, **rules) -> Any:
-    """A ``TrainOptions`` field: its default, ``--help`` text and value rules."""
-    metadata = {"help": help, **rules}
-    if isinstance(default, (list, dict, set)):
-        return field(default_factory=lambda: type(default)(default), metadata=metadata)
-    return field(default=default, metadata=metadata)
+__all__ = ["MethodTrainer", "TrainOptions", "option", "option_fields", "registered_trainers", "trainer_of"]
 
 
 @dataclass
@@ -48,19 +37,19 @@ class TrainOptions:
     target: str = option("smollm2-135m", "Target the drafter is trained for.")
     prompts: Optional[str] = option(None, "Prompt JSONL (default: <data dir>/train_prompts/sharegpt_first_turns.jsonl).")
     data_dir: Optional[str] = option(None, "Data folder (else $SPECBENCH_DATA).")
-    limit: Optional[int] = option(400, "Training prompts.", min=1)
-    max_new_tokens: int = option(128, "Response length cap when regenerating.", min=1)
-    epochs: int = option(3, "Passes over the training data.", min=1)
+    limit: Optional[int] = option(400, "Training prompts.", ge=1)
+    max_new_tokens: int = option(128, "Response length cap when regenerating.", ge=1)
+    epochs: int = option(3, "Passes over the training data.", ge=1)
     max_steps: Optional[int] = option(None, "Train exactly N optimizer steps instead (the cosine schedule spans N; "
-                                            "overrides --epochs).", min=1)
-    lr: float = option(1e-3, "Peak learning rate (AdamW, cosine schedule with warmup).", positive=True)
-    batch_size: int = option(8, "Examples per optimizer step.", min=1)
-    max_length: int = option(384, "Training sequence length (prompt + response).", min=1)
-    held_out: float = option(0.05, "Share of examples kept for evaluation.", fraction=True)
+                                            "overrides --epochs).", ge=1)
+    lr: float = option(1e-3, "Peak learning rate (AdamW, cosine schedule with warmup).", gt=0)
+    batch_size: int = option(8, "Examples per optimizer step.", ge=1)
+    max_length: int = option(384, "Training sequence length (prompt + response).", ge=1)
+    held_out: float = option(0.05, "Share of examples kept for evaluation.", ge=0, lt=1)
     eval_every: int = option(100, "Evaluate on the held-out share every N optimizer steps (and at the end); "
-                                  "each evaluation is a point of the learning curve.", min=1)
+                                  "each evaluation is a point of the learning curve.", ge=1)
     cache_features: bool = option(True, "Cache target taps to disk (fp16) after the first epoch.")
-    max_prompt_tokens: int = option(512, "Skip prompts longer than this (rendered).", min=1)
+    max_prompt_tokens: int = option(512, "Skip prompts longer than this (rendered).", ge=1)
     dtype: str = option("float32", "float32, or bfloat16: the frozen target's taps come from a bf16 forward and "
                                    "the drafter trains under autocast (its weights and optimizer state stay fp32); "
                                    "several times faster on CPUs with native bf16 and on GPUs, several times slower "
@@ -99,7 +88,7 @@ def registered_trainers() -> dict[str, type[MethodTrainer]]:
     trainer (variants, subclasses) give one command, named by the trainer's ``command`` or else by
     the method that declares it. A method that fails to import is skipped with a warning, so one
     broken plugin does not take every other trainer down."""
-    from specbench.engine.drafter import available_methods, method_class
+    from specbench.engine.registry import available_methods, method_class
 
     users: dict[type, list[tuple[str, bool]]] = {}
     for name in available_methods():
@@ -126,19 +115,3 @@ def option_fields(trainer: type[MethodTrainer]) -> list[dataclasses.Field]:
     own = [f for f in fields if f.name not in shared]
     rest = [f for f in fields if f.name in shared and f.name not in ("out", "target")]
     return head + own + rest
-
-
-def field_metadata(options_cls: type, name: str) -> dict:
-    """A field's help and rules, inherited from the class that declared them when a subclass only
-    redeclares the default."""
-    merged: dict = {}
-    for cls in reversed(options_cls.__mro__):
-        declared = vars(cls).get("__dataclass_fields__", {}).get(name)
-        if declared is not None:
-            merged.update({k: v for k, v in declared.metadata.items() if v is not None})
-    return merged
-
-
-def field_types(options_cls: type) -> dict[str, Any]:
-    """Resolved annotations of an options dataclass (they are strings under postponed evaluation)."""
-    return typing.get_type_hints(options_cls)

@@ -18,10 +18,12 @@ from specbench.analysis.report.names import Block, MethodInfo
 from specbench.analysis.report.papers import (DEFAULT_PAPER_NUMBERS, load_paper_numbers, paper_comparison_table, paper_files,
                                      paper_metric_table)
 from specbench.analysis.report.records import PathSpec, ResultFile, block_records, block_sides, load_result_files
+from specbench.analysis.report.checks import aa_table, check_one_machine, divergence_table, without_aa
+from specbench.analysis.report.cost import block_curves, cost_table
 from specbench.analysis.report.render import (flat_headers, render_csv, render_index_html, render_latex,
                                      render_markdown)
 from specbench.analysis.report.stats import (BOLD_REPS, BOOTSTRAP_REPS, BOOTSTRAP_SEED, blocks_of_kind, cell_frame,
-                                    loaded_cells, method_frame, of_kind, significant_cells)
+                                    loaded_cells, mean_frame, method_frame, of_kind, significant_cells)
 from specbench.analysis.report.table import Table
 from specbench.analysis.report.tables import ablation_table, companion_table, main_table, provenance_lines, streams_table
 
@@ -42,6 +44,9 @@ class Report:
     sides: dict[Block, dict[str, MethodInfo]] = field(default_factory=dict)
     drafters: Table | None = None  # the held-out figures of the drafter folders the records name
     streams: Table | None = None  # the main table's layout for the mixed streams, when any ran
+    aa: Table | None = None  # the A/A control rows (a second vanilla side per file)
+    divergence: Table | None = None  # T = 0: identical / near-tie / unexplained per method
+    cost: Table | None = None  # the forward-cost curve of this hardware, when measured (bench/forward_cost.py)
 
     @property
     def bench_cells(self) -> pd.DataFrame:
@@ -50,8 +55,9 @@ class Report:
 
     @property
     def tables(self) -> list[Table]:
-        return [t for t in (self.main, self.streams, self.companion, self.ablation, *self.method_tables, self.papers,
-                            self.paper_metric, self.orderings, self.drafters) if t is not None]
+        return [t for t in (self.main, self.streams, self.aa, self.divergence, self.companion, self.ablation,
+                            *self.method_tables, self.papers, self.paper_metric, self.orderings, self.drafters,
+                            self.cost) if t is not None]
 
     def table(self, name: str) -> Table | None:
         """A table by its file stem (e.g. a method's own table), or None."""
@@ -61,10 +67,12 @@ class Report:
 def build_report(results: PathSpec, paper_numbers: str | Path | Sequence[Path] | None = DEFAULT_PAPER_NUMBERS,
                  reps: int = BOOTSTRAP_REPS, seed: int = BOOTSTRAP_SEED) -> Report:
     """Everything computed, nothing written. ``reps=0`` skips the bootstrap (console preview)."""
-    files = load_result_files(results)
+    every = load_result_files(results)
+    check_one_machine(every)  # one machine per report: no table ranks timings of different hardware
+    files = without_aa(every)  # the A/A sides are a control (aa_table), not a method
     blocks = block_records(files)
     sides = block_sides(files)
-    cells = cell_frame(blocks, reps=reps, seed=seed)
+    cells = cell_frame(blocks, reps=reps, seed=seed, curves=block_curves(files))
     # Mixed streams get a table of their own: a benchmark mean, T_D% or paper row never pools a stream run.
     bench_cells, methods = of_kind(cells, streams=False), method_frame(blocks_of_kind(blocks, streams=False))
     prov = provenance_lines(files)
@@ -74,15 +82,19 @@ def build_report(results: PathSpec, paper_numbers: str | Path | Sequence[Path] |
         papers = paper_comparison_table(bench_cells, methods, load_paper_numbers(paper_csvs, known), files,
                                         prov + [f"paper numbers: {', '.join(p.name for p in paper_csvs)}"])
     bold_reps, loaded = BOLD_REPS if reps else 0, loaded_cells(files)  # reps=0: a preview, no tests
-    main = main_table(bench_cells, methods, prov, significant_cells(files, bold_reps, seed), loaded)
+    bench_blocks = blocks_of_kind(blocks, streams=False)
+    main = main_table(bench_cells, methods, prov, significant_cells(files, bold_reps, seed), loaded,
+                      mean_frame(bench_blocks, reps, seed))
     streams = None
     if stream_blocks := blocks_of_kind(blocks, streams=True):
         streams = streams_table(of_kind(cells, streams=True), method_frame(stream_blocks), prov,
-                                significant_cells(files, bold_reps, seed, streams=True), loaded)
+                                significant_cells(files, bold_reps, seed, streams=True), loaded,
+                                mean_frame(stream_blocks, reps, seed))
     orderings = orderings_table(ordering_frame(files, seed=seed), prov) if reps else None
     return Report(files, blocks, cells, methods, main, companion_table(cells, prov), ablation_table(cells, sides, prov),
                   papers, registered_tables(blocks, prov), paper_metric_table(files), orderings, sides,
-                  drafters_table(files, prov), streams)
+                  drafters_table(files, prov), streams, aa_table(every, prov, reps, seed) if reps else None,
+                  divergence_table(files, prov), cost_table(files, prov))
 
 
 def write_report(results_glob_or_paths: PathSpec = "results/*.jsonl", out_dir: str | Path = "reports",

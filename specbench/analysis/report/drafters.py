@@ -11,6 +11,7 @@ from typing import Sequence
 
 import pandas as pd
 
+from specbench.run import drafter_paths
 from specbench.analysis.report.records import ResultFile
 from specbench.analysis.report.table import DASH, Cell, Table, fmt_tau
 from specbench.training.learning_curve import curve_metric, plateau, read_curve
@@ -19,17 +20,9 @@ ACC_COLUMNS = 4  # acc_1..acc_4: every chain drafter has them; deeper ones are i
 
 
 def _local_folder(source: dict) -> Path | None:
-    """The folder a header's drafter source names, or, when the records were made in another checkout,
-    the same ``drafters/<target>/<name>`` under the current directory (the checkout, as `make report` runs)."""
-    path = Path(str(source.get("path") or source.get("spec") or ""))
-    if (path / "config.json").is_file():
-        return path
-    parts = path.parts
-    if "drafters" in parts:
-        here = Path(*parts[parts.index("drafters"):])
-        if (here / "config.json").is_file():
-            return here
-    return None
+    """The folder a header's drafter source names in this clone (``drafter_paths.resolve``: a path relative
+    to the drafter root, or an older absolute one)."""
+    return drafter_paths.resolve(source)
 
 
 def drafter_folders(files: Sequence[ResultFile]) -> dict[str, dict[Path, list[str]]]:

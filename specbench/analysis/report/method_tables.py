@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Callable, Mapping, Sequence
 
-from specbench.engine.drafter import _entry_points
+from specbench.engine.registry import entry_points
 from specbench.errors import SpecbenchError
 from specbench.records import GenerationRecord
 from specbench.analysis.report.names import Block
@@ -33,7 +33,7 @@ def register_table(name: str):
 def table_functions() -> dict[str, TableFunction]:
     """name -> table function, for every registered one."""
     found: dict[str, TableFunction] = {}
-    for name, target in _entry_points(GROUP).items():
+    for name, target in entry_points(GROUP).items():
         module, _, attr = target.partition(":")
         try:
             found[name] = getattr(importlib.import_module(module), attr)

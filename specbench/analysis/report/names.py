@@ -3,7 +3,7 @@ registered name, label, family and ablation_of).
 
 A side's method names come from the results header (``methods``, written by the runner from the
 method class); files written before that field existed are read through the method registry
-(``specbench.engine.drafter.method_class``), never by typing method names here."""
+(``specbench.engine.registry.method_class``), never by typing method names here."""
 
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ _REGISTERED: dict[str, MethodInfo] = {}
 def registered_info(method: str) -> MethodInfo | None:
     """The class attributes of a registered method (``Drafter.report_names``); None if not registered
     (or its module cannot be imported here)."""
-    from specbench.engine.drafter import available_methods, method_class
+    from specbench.engine.registry import available_methods, method_class
 
     if method not in _REGISTERED:
         if method not in available_methods():

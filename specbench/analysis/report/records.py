@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence, Union
@@ -15,9 +14,6 @@ from specbench.analysis.report.names import Block, MethodInfo, side_infos
 
 PathSpec = Union[str, Path, Sequence[Union[str, Path]]]
 
-# Fields a result line may lack (older writers); everything else GenerationRecord requires.
-_RECORD_DEFAULTS = {"new_tokens": [], "prompt_tokens": 0, "stop_reason": "", "times": {}, "n_verify": 0,
-                    "accept_lengths": [], "tree_sizes": [], "depth_attempts": [], "depth_accepts": []}
 
 
 @dataclass(frozen=True)
@@ -56,37 +52,15 @@ def resolve_paths(spec: PathSpec) -> list[Path]:
     return sorted(found, key=str)
 
 
-def _record_from(obj: dict) -> GenerationRecord:
-    return GenerationRecord.from_dict({**_RECORD_DEFAULTS, **obj})
-
-
 def read_result_file(path: str | Path) -> ResultFile:
-    """Header line -> meta; record lines -> GenerationRecords. Unparseable lines are skipped: an
-    interrupted run leaves a torn last line, and everything before it is still good."""
+    """Header line -> meta; record lines -> GenerationRecords, every line checked against its schema
+    (specbench.schemas): a null or wrong-typed field, a second header or a record held twice is one
+    line naming the file and line. A torn last line (an interrupted run) is left out."""
+    from specbench.run.results import read_results
+
     path = Path(path)
-    meta: dict = {}
-    records: list[GenerationRecord] = []
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SpecbenchError(f"cannot read results file {path} ({exc.strerror}); check it or leave it out") from None
-    except UnicodeDecodeError:
-        raise SpecbenchError(f"{path} is not a specbench results file (not UTF-8 text); leave it out") from None
-    for line in text.splitlines():
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if not isinstance(obj, dict):
-            continue
-        if obj.get("type") == "header" and not meta:
-            meta = dict(obj.get("meta") or {})
-        elif obj.get("type") == "record":
-            try:
-                records.append(_record_from(obj))
-            except TypeError:  # a line that parses but is not a record (e.g. cut exactly at a brace)
-                continue
-    return ResultFile(path, meta, tuple(records))
+    content = read_results(path, fix="fix or remove that line, or leave the file out", lenient=True)
+    return ResultFile(path, dict(content.meta or {}), tuple(r for _, r in content.records))
 
 
 def load_result_files(spec: PathSpec) -> list[ResultFile]:

@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 
 from specbench import metrics
-from specbench.analysis.cost_model import ideal_and_efficiency
-from specbench.run.machine_load import under_load
+from specbench.analysis.cost_model import CostCurve, ideal_with_source
+from specbench.run.machine_load import flagged_keys
 from specbench.analysis.orderings import units
 from specbench.analysis.paired import percentile_interval, resampled_sums, significant_best
 from specbench.records import GenerationRecord
@@ -46,8 +46,7 @@ def _by_prompt(records: Iterable[GenerationRecord]) -> dict[str, list[Generation
     return dict(sorted(out.items()))
 
 
-def speedup_ci(method: Sequence[GenerationRecord], baseline: Sequence[GenerationRecord], **kw) -> tuple[float, float]:
-    """Bootstrap interval of metrics.speedup (end-to-end) over matched prompts."""
+def _speedup_rows(method: Sequence[GenerationRecord], baseline: Sequence[GenerationRecord]) -> np.ndarray:
     pairs = metrics.matched(method, baseline)
     units = _by_prompt(m for m, _ in pairs)
     base = {metrics.key(b): b for _, b in pairs}
@@ -56,8 +55,71 @@ def speedup_ci(method: Sequence[GenerationRecord], baseline: Sequence[Generation
         twins = [base[metrics.key(r)] for r in recs]
         rows.append([sum(r.num_new for r in recs), sum(r.total_time for r in recs),
                      sum(b.num_new for b in twins), sum(b.total_time for b in twins)])
-    return bootstrap_ci(np.array(rows, dtype=float).reshape(-1, 4),
-                        lambda s: (s[:, 0] / s[:, 1]) / (s[:, 2] / s[:, 3]), **kw)
+    return np.array(rows, dtype=float).reshape(-1, 4)
+
+
+def _speedup_of(s: np.ndarray) -> np.ndarray:
+    return (s[:, 0] / s[:, 1]) / (s[:, 2] / s[:, 3])
+
+
+def speedup_ci(method: Sequence[GenerationRecord], baseline: Sequence[GenerationRecord], **kw) -> tuple[float, float]:
+    """Bootstrap interval of metrics.speedup (end-to-end) over matched conversations (a prompt's turns
+    move together)."""
+    return bootstrap_ci(_speedup_rows(method, baseline), _speedup_of, **kw)
+
+
+def speedup_draws(method: Sequence[GenerationRecord], baseline: Sequence[GenerationRecord], reps: int = BOOTSTRAP_REPS,
+                  seed: int = BOOTSTRAP_SEED) -> np.ndarray:
+    """The ``reps`` bootstrap speedups behind ``speedup_ci`` (empty without matched prompts)."""
+    rows = _speedup_rows(method, baseline)
+    if not len(rows) or reps <= 0:
+        return np.empty(0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return _speedup_of(resampled_sums(rows, reps, seed))
+
+
+def tau_draws(records: Sequence[GenerationRecord], reps: int = BOOTSTRAP_REPS, seed: int = BOOTSTRAP_SEED) -> np.ndarray:
+    """The ``reps`` bootstrap τ behind ``tau_ci``."""
+    rows = np.array([[sum(r.committed for r in recs), sum(r.n_verify for r in recs)]
+                     for recs in _by_prompt(records).values()], dtype=float).reshape(-1, 2)
+    if not len(rows) or reps <= 0:
+        return np.empty(0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        s = resampled_sums(rows, reps, seed)
+        return s[:, 0] / s[:, 1]
+
+
+def _mean_ci(draws: list[np.ndarray]) -> tuple[float, float]:
+    """Interval of a mean over benches: each bench resampled on its own (benches are independent prompt
+    sets), the mean of one resample per bench taken per resample."""
+    draws = [d for d in draws if len(d)]
+    if not draws:
+        return math.nan, math.nan
+    return percentile_interval(np.mean(np.vstack(draws), axis=0))
+
+
+MEAN_COLUMNS = ["target", "temperature", "method", "n_conversations", "mean_spd_lo", "mean_spd_hi", "mean_tau_lo",
+                "mean_tau_hi"]
+
+
+def mean_frame(blocks: dict[Block, list[GenerationRecord]], reps: int = BOOTSTRAP_REPS,
+               seed: int = BOOTSTRAP_SEED) -> pd.DataFrame:
+    """Per (block, method): intervals of the main table's Mean columns (mean over the benches the method ran
+    of Spd and of τ) and the conversations behind them."""
+    rows = []
+    for block, recs in sorted(blocks.items()):
+        groups: dict[tuple[str, str], list[GenerationRecord]] = {}
+        for r in recs:
+            groups.setdefault((r.method, r.bench), []).append(r)
+        benches = sorted({r.bench for r in recs}, key=bench_key)
+        for method in sorted({r.method for r in recs} - {VANILLA}):
+            mine = [(i, groups[(method, b)], groups.get((VANILLA, b), [])) for i, b in enumerate(benches)
+                    if (method, b) in groups]
+            spd = _mean_ci([speedup_draws(ours, base, reps, seed + i) for i, ours, base in mine])
+            tau = _mean_ci([tau_draws(ours, reps, seed + i) for i, ours, _ in mine])
+            n = sum(len({r.prompt_id for r in ours}) for _, ours, _ in mine)
+            rows.append(dict(zip(MEAN_COLUMNS, (block[0], block[1], method, n, *spd, *tau))))
+    return pd.DataFrame(rows, columns=MEAN_COLUMNS)
 
 
 def tau_ci(records: Sequence[GenerationRecord], **kw) -> tuple[float, float]:
@@ -66,16 +128,22 @@ def tau_ci(records: Sequence[GenerationRecord], **kw) -> tuple[float, float]:
     return bootstrap_ci(np.array(rows, dtype=float).reshape(-1, 2), lambda s: s[:, 0] / s[:, 1], **kw)
 
 
+def half_width(point: float, lo: float, hi: float) -> float:
+    """Half the interval's width relative to its point (0.05: the interval spans ±5%)."""
+    return (hi - lo) / 2 / point if all(map(math.isfinite, (point, lo, hi))) and point else math.nan
+
+
 CELL_COLUMNS = ["target", "temperature", "method", "bench", "n_prompts", "speedup", "speedup_lo", "speedup_hi",
                 "speedup_decode", "tau", "tau_lo", "tau_hi", "tau_macro", "td", "greedy_match", "tokens_per_s",
-                "tokens_per_s_decode", "vanilla_tokens_per_s", "ideal_speedup", "efficiency", "reason"]
+                "tokens_per_s_decode", "vanilla_tokens_per_s", "ideal_speedup", "efficiency", "reason", "ideal_source"]
 
 
 def _cell(block: Block, method: str, bench: str, ours: Sequence[GenerationRecord], base: Sequence[GenerationRecord],
-          reps: int, seed: int) -> dict:
+          reps: int, seed: int, curve: CostCurve | None = None) -> dict:
     """Every statistic of one (block, method, bench) cell; ``base`` = the block's vanilla records there."""
     row = dict.fromkeys(CELL_COLUMNS, math.nan)
-    row.update(target=block[0], temperature=block[1], method=method, bench=bench, n_prompts=0, reason="")
+    row.update(target=block[0], temperature=block[1], method=method, bench=bench, n_prompts=0, reason="",
+               ideal_source="")
     if not ours:
         row["reason"] = f"not run on {bench}"
         return row
@@ -90,15 +158,17 @@ def _cell(block: Block, method: str, bench: str, ours: Sequence[GenerationRecord
     row.update(speedup=metrics.speedup(ours, base), speedup_decode=metrics.speedup(ours, base, decode_only=True),
                vanilla_tokens_per_s=metrics.tokens_per_second(matched_base))
     row["speedup_lo"], row["speedup_hi"] = speedup_ci(ours, base, reps=reps, seed=seed)
-    row["ideal_speedup"], row["efficiency"] = ideal_and_efficiency(ours, base)
+    row["ideal_speedup"], row["efficiency"], row["ideal_source"] = ideal_with_source(ours, base, curve)
     if block[1] == 0:  # exact match is only expected under greedy decoding
         row["greedy_match"] = metrics.greedy_match_rate(ours, base)
     return row
 
 
 def cell_frame(blocks: dict[Block, list[GenerationRecord]], reps: int = BOOTSTRAP_REPS,
-               seed: int = BOOTSTRAP_SEED) -> pd.DataFrame:
-    """One row per (block, method, bench) over the full grid; missing cells carry a reason."""
+               seed: int = BOOTSTRAP_SEED, curves: dict[Block, CostCurve] | None = None) -> pd.DataFrame:
+    """One row per (block, method, bench) over the full grid; missing cells carry a reason. ``curves``: the
+    measured forward-cost curve of a block's hardware and dtype (report/cost.py), for its ideal speedup."""
+    curves = curves or {}
     benches = sorted({r.bench for recs in blocks.values() for r in recs}, key=bench_key)
     rows = []
     for block, recs in sorted(blocks.items()):
@@ -107,7 +177,7 @@ def cell_frame(blocks: dict[Block, list[GenerationRecord]], reps: int = BOOTSTRA
             groups.setdefault((r.method, r.bench), []).append(r)
         for method in sorted({r.method for r in recs} - {VANILLA}):
             rows.extend(_cell(block, method, bench, groups.get((method, bench), []), groups.get((VANILLA, bench), []),
-                              reps, seed) for bench in benches)
+                              reps, seed, curves.get(block)) for bench in benches)
     return pd.DataFrame(rows, columns=CELL_COLUMNS)
 
 
@@ -154,15 +224,30 @@ def blocks_of_kind(blocks: dict[Block, list[GenerationRecord]], streams: bool) -
 
 
 def loaded_cells(files: Sequence[ResultFile]) -> frozenset:
-    """(target, T, method, bench) of every record in a file recorded under load (machine_load.under_load)."""
-    return frozenset((*f.block, r.method, r.bench) for f in files
-                     if under_load(f.meta, [r.load_avg for r in f.records]) for r in f.records)
+    """(target, T, method, bench) of every cell with a turn recorded under load: other work above
+    ``machine_load.TURN_LOAD`` CPUs at the reading of any side's record of that turn (flagged_keys)."""
+    out = set()
+    for f in files:
+        flagged = flagged_keys(f.meta, f.records)
+        out.update((*f.block, r.method, r.bench) for r in f.records if metrics.key(r) in flagged)
+    return frozenset(out)
+
+
+def flagged_turns(files: Sequence[ResultFile]) -> dict[str, tuple[int, int]]:
+    """File name -> (turns recorded under load, turns), for files with any: what to re-time."""
+    out = {}
+    for f in files:
+        flagged = flagged_keys(f.meta, f.records)
+        if flagged:
+            out[f.path.name] = (len(flagged), len({metrics.key(r) for r in f.records}))
+    return out
 
 
 def significant_cells(files: Sequence[ResultFile], reps: int = BOLD_REPS, seed: int = BOOTSTRAP_SEED,
                       streams: bool = False) -> frozenset:
     """(target, T, method, bench or 'mean') whose speedup is the column's best with a paired bootstrap interval
-    against the runner-up above 1 (``paired.significant_best``), over the single benchmarks (or, with
+    (over conversations) against the runner-up of the same file above 1 (``paired.significant_best``; a
+    runner-up from another file: no bold), over the single benchmarks (or, with
     ``streams``, the mixed streams; 'mean' pools the benches of that kind); nothing when ``reps`` is 0."""
     if not reps:
         return frozenset()
@@ -172,7 +257,8 @@ def significant_cells(files: Sequence[ResultFile], reps: int = BOLD_REPS, seed: 
         benches = sorted({r.bench for f in group for r in f.records if is_stream(r.bench) == streams})
         columns = [(bench, [bench]) for bench in benches] + ([(MEAN, benches)] if benches else [])
         for column, pooled in columns:
-            sides = {label: {key: row for b in pooled for key, row in units(group, label, b, False).items()}
+            # Keys name the file: a best and a runner-up from different runs share no key, so no bold.
+            sides = {label: {key: row for b in pooled for key, row in units(group, label, b, True).items()}
                      for label in labels}
             best = significant_best({k: v for k, v in sides.items() if v}, "speedup", reps, seed)
             if best:

@@ -8,12 +8,13 @@ from typing import Mapping, Sequence
 
 import pandas as pd
 
-from specbench.run.machine_load import LOAD_SHARE, MARK
+from specbench.run.machine_load import MARK, TURN_LOAD
 from specbench.analysis.report.names import MEAN, VANILLA, Block, MethodInfo, bench_key, bench_label, block_label, budget_of
 from specbench.analysis.report.records import ResultFile, files_by_block
-from specbench.analysis.report.stats import BOLD_REPS, CELL_COLUMNS, mean_over_benches, missing_reasons
-from specbench.analysis.report.table import (DASH, Cell, Table, finite, fmt_ci, fmt_delta, fmt_pct, fmt_spd, fmt_spd_n,
-                                    fmt_tau, fmt_tps, nanmean)
+from specbench.analysis.report.stats import (BOLD_REPS, CELL_COLUMNS, MEAN_COLUMNS, half_width, mean_over_benches,
+                                    missing_reasons)
+from specbench.analysis.report.table import (DASH, Cell, Table, finite, fmt_ci, fmt_delta, fmt_pct, fmt_spd, fmt_tau, fmt_tps,
+                                    nanmean)
 
 
 def _bench_groups(benches: Sequence[str], lead: Sequence[str]) -> tuple[list[str], list[tuple[str, int]]]:
@@ -49,32 +50,73 @@ def provenance_lines(files: Sequence[ResultFile]) -> list[str]:
 
 
 def main_table(cells: pd.DataFrame, methods: pd.DataFrame, provenance: Sequence[str] = (),
-               bold: frozenset = frozenset(), loaded: frozenset = frozenset()) -> Table:
+               bold: frozenset = frozenset(), loaded: frozenset = frozenset(), means: pd.DataFrame | None = None) -> Table:
     """SpecBlock Table 1 layout: a block per (target, T), a row per method, Spd (n)/τ per bench, Mean with the
     cost model's ideal speedup and efficiency, T_D%, greedy match. ``cells``/``methods``: the single
     benchmarks' (stats.of_kind, stats.blocks_of_kind); ``bold``: (target, T, method, bench or 'mean') whose
     speedup's paired interval excludes the runner-up's; ``loaded``: (target, T, method, bench) recorded under
-    load."""
+    load; ``means``: stats.mean_frame, the Mean columns' intervals."""
     return _speedup_table("main_table", "Speedup (Spd) over vanilla and mean accepted length τ per benchmark",
-                          "Spd (n=prompts) = end-to-end speedup over the same file's vanilla; Mean = mean over the "
-                          "benchmarks each method ran (n summed; mixed streams are in streams_table)",
-                          cells, methods, provenance, bold, loaded)
+                          "Spd [95% interval] (n=conversations) = end-to-end speedup over the same file's vanilla; "
+                          "Mean = mean over the benchmarks each method ran (n summed; mixed streams are in "
+                          "streams_table)", cells, methods, provenance, bold, loaded, means)
 
 
 def streams_table(cells: pd.DataFrame, methods: pd.DataFrame, provenance: Sequence[str] = (),
-                  bold: frozenset = frozenset(), loaded: frozenset = frozenset()) -> Table:
+                  bold: frozenset = frozenset(), loaded: frozenset = frozenset(),
+                  means: pd.DataFrame | None = None) -> Table:
     """The main table's layout for the mixed query streams (``--bench mixed --passes N``), where the methods
     that learn while serving are measured: one column per stream, its own mean, T_D% and greedy match over
     the stream records only."""
     return _speedup_table("streams_table", "Speedup (Spd) over vanilla and mean accepted length τ on mixed "
                           "query streams (methods that learn while serving, and their static baselines)",
-                          "Spd (n=queries over all passes) = end-to-end speedup over the same file's vanilla on "
-                          "the same stream; Mean = mean over the streams each method ran",
-                          cells, methods, provenance, bold, loaded)
+                          "Spd [95% interval] (n=queries over all passes) = end-to-end speedup over the same "
+                          "file's vanilla on the same stream; Mean = mean over the streams each method ran",
+                          cells, methods, provenance, bold, loaded, means)
+
+
+def _spd_cell(spd: float, lo: float, hi: float, n, loaded: bool) -> str:
+    """'0.91× [0.88, 0.94] (n=24)', with the under-load mark."""
+    if not finite(spd):
+        return DASH
+    return f"{fmt_ci(fmt_spd(spd), lo, hi, fmt_spd)} (n={int(n)})" + (f" {MARK}" if loaded else "")
+
+
+def resolution_note(cells: pd.DataFrame) -> str | None:
+    """How big an effect the speedup intervals can resolve: the median (and widest) half-width of the
+    per-bench intervals, relative to their point."""
+    widths = [half_width(r.speedup, r.speedup_lo, r.speedup_hi) for r in cells.itertuples()]
+    widths = [w for w in widths if finite(w)]
+    if not widths:
+        return None
+    widths.sort()
+    return (f"Resolution: a per-bench speedup interval spans ±{100 * widths[len(widths) // 2]:.1f}% around its point "
+            f"(median; widest ±{100 * widths[-1]:.1f}%), so two methods whose speedups differ by less than about "
+            "that cannot be told apart here, and a speedup within it of 1.00× is no gain or loss; the A/A rows "
+            "(aa_table) show the same spread for vanilla against itself")
+
+
+def _ideal_note(cells: pd.DataFrame) -> str:
+    """Where the Ideal column's target forward times came from: the hardware's measured cost curve, or the run."""
+    sources = set(cells.get("ideal_source", pd.Series(dtype=str)).dropna()) - {""}
+    if sources == {"curve"}:
+        where = ("the target's forwards priced by this hardware's measured cost curve (cost_table: t(rows) after a "
+                 "prefix, measured apart from the runs), the drafter's from the run; Eff. = measured decode-only "
+                 "speedup / ideal: how close the method comes to what this machine allows")
+    elif "curve" in sources:
+        where = ("the target's forwards from this hardware's measured cost curve where it covers the verify sizes "
+                 "(cost_table), else from the run's own forward times (ideal_source in the CSV); Eff. = measured "
+                 "decode-only speedup / ideal")
+    else:
+        where = ("the run's own measured forward times (no cost curve for this hardware: bench/forward_cost.py); "
+                 "Eff. = measured decode-only speedup / ideal (overhead beyond the run's model forwards only)")
+    return f"Ideal = τ · t_vanilla_step / (t_draft + t_verify) per verify call (specbench/analysis/cost_model.py), {where}; " \
+           "both means over benchmarks"
 
 
 def _speedup_table(name: str, title: str, spd_note: str, cells: pd.DataFrame, methods: pd.DataFrame,
-                   provenance: Sequence[str], bold: frozenset, loaded: frozenset) -> Table:
+                   provenance: Sequence[str], bold: frozenset, loaded: frozenset,
+                   means: pd.DataFrame | None = None) -> Table:
     benches = sorted(cells.bench.unique(), key=bench_key)
     columns, groups = _bench_groups(benches, ["Method"])
     columns += ["Spd", "τ", "Ideal", "Eff.", "T_D%", "Greedy"]
@@ -82,6 +124,12 @@ def _speedup_table(name: str, title: str, spd_note: str, cells: pd.DataFrame, me
     mean_spd, mean_tau = mean_over_benches(cells, "speedup"), mean_over_benches(cells, "tau")
     mean_ideal, mean_eff = mean_over_benches(cells, "ideal_speedup"), mean_over_benches(cells, "efficiency")
     per_method = methods.set_index(["target", "temperature", "method"])
+    mean_ci = (means if means is not None else pd.DataFrame(columns=MEAN_COLUMNS)).set_index(
+        ["target", "temperature", "method"])
+
+    def mean_of(key, column):
+        return mean_ci.at[key, column] if key in mean_ci.index else math.nan
+
     sections, records = [], []
     for (target, temp), block in cells.groupby(["target", "temperature"], sort=True):
         rows = []
@@ -93,31 +141,45 @@ def _speedup_table(name: str, title: str, spd_note: str, cells: pd.DataFrame, me
             n_all = 0
             for bench in benches:
                 spd, tau, n = part.at[bench, "speedup"], part.at[bench, "tau"], part.at[bench, "n_prompts"]
+                lo, hi = part.at[bench, "speedup_lo"], part.at[bench, "speedup_hi"]
+                tlo, thi = part.at[bench, "tau_lo"], part.at[bench, "tau_hi"]
                 n_all += int(n) if finite(spd) else 0
-                row += [Cell(fmt_spd_n(spd, n, (*key, bench) in loaded), (*key, bench) in bold), Cell(fmt_tau(tau))]
-                data.update({f"{bench}_spd": spd, f"{bench}_tau": tau, f"{bench}_n": n})
+                row += [Cell(_spd_cell(spd, lo, hi, n, (*key, bench) in loaded), (*key, bench) in bold),
+                        Cell(fmt_ci(fmt_tau(tau), tlo, thi, fmt_tau))]
+                data.update({f"{bench}_spd": spd, f"{bench}_spd_lo": lo, f"{bench}_spd_hi": hi, f"{bench}_tau": tau,
+                             f"{bench}_tau_lo": tlo, f"{bench}_tau_hi": thi, f"{bench}_n": n})
             greedy, greedy_n = per_method.at[key, "greedy_match"], per_method.at[key, "greedy_n"]
             any_loaded = any((*key, b) in loaded for b in benches)
-            row += [Cell(fmt_spd_n(mean_spd[key], n_all, any_loaded), (*key, MEAN) in bold),
-                    Cell(fmt_tau(mean_tau[key])), Cell(fmt_spd(mean_ideal[key])), Cell(fmt_pct(mean_eff[key])),
+            row += [Cell(_spd_cell(mean_spd[key], mean_of(key, "mean_spd_lo"), mean_of(key, "mean_spd_hi"), n_all,
+                                   any_loaded), (*key, MEAN) in bold),
+                    Cell(fmt_ci(fmt_tau(mean_tau[key]), mean_of(key, "mean_tau_lo"), mean_of(key, "mean_tau_hi"),
+                                fmt_tau)),
+                    Cell(fmt_spd(mean_ideal[key])), Cell(fmt_pct(mean_eff[key])),
                     Cell(fmt_pct(per_method.at[key, "td"])),
                     Cell(f"{fmt_pct(greedy)} ({int(greedy_n)})" if greedy_n else DASH)]
-            data.update(mean_spd=mean_spd[key], mean_tau=mean_tau[key], mean_ideal_spd=mean_ideal[key],
+            data.update(mean_spd=mean_spd[key], mean_spd_lo=mean_of(key, "mean_spd_lo"),
+                        mean_spd_hi=mean_of(key, "mean_spd_hi"), mean_tau=mean_tau[key],
+                        mean_tau_lo=mean_of(key, "mean_tau_lo"), mean_tau_hi=mean_of(key, "mean_tau_hi"),
+                        mean_ideal_spd=mean_ideal[key],
                         mean_efficiency=mean_eff[key], td_percent=100 * per_method.at[key, "td"],
                         greedy_match=greedy, greedy_n=greedy_n, under_load=any_loaded)
             rows.append(row)
             records.append(data)
         sections.append((block_label((target, temp)), rows))
-    notes = [f"{spd_note}; T_D% = drafter share of decode time over all its prompts in this table; bold = the "
-             "best speedup of its column within a block whose paired bootstrap interval (over prompt turns, "
-             f"{BOLD_REPS} resamples) against the runner-up lies above 1 (Mean: pooled over the benchmarks)",
-             "Ideal = τ · t_vanilla_step / (t_draft + t_verify) from the measured forward times per verify call "
-             "(see specbench/analysis/cost_model.py); Eff. = measured decode-only speedup / ideal (overhead beyond model "
-             "forwards); both means over benchmarks",
+    notes = [f"{spd_note}; intervals: percentile bootstrap over conversations (a conversation's turns are "
+             "resampled together; the Mean's: each benchmark resampled on its own); T_D% = drafter share of decode "
+             "time over all its prompts in this table; bold = the best speedup of its column within a block whose "
+             f"paired bootstrap interval (over conversations, {BOLD_REPS} resamples) against the runner-up of the "
+             "same results file lies above 1 (Mean: pooled over the benchmarks); a runner-up from another file "
+             "(another run) leaves the column without bold",
+             _ideal_note(cells),
              "Greedy = share of T = 0 turns (n) whose text equals vanilla's token for token"]
+    if (resolution := resolution_note(cells)) is not None:
+        notes.append(resolution)
     if loaded:
-        notes.append(f"{MARK} = recorded under load: other work took more than {LOAD_SHARE:.0%} of the machine's "
-                     "CPUs before the run or after one of its turns (header load_start, record load_avg); its timings are suspect")
+        notes.append(f"{MARK} = a turn of this cell was recorded under load: other work above {TURN_LOAD:g} CPU "
+                     "(the 1-minute load after the turn, record load_avg, minus the run's own threads) for any side "
+                     "of it; its timings are suspect: re-time them (bench/reference_set.py --retime-flagged)")
     notes += [f"{m} × {b} ({block_label((t, temp))}): {why}" for (t, temp, m, b), why in missing_reasons(cells).items()]
     return Table(name, title, columns, groups, sections, pd.DataFrame(records), notes, list(provenance))
 

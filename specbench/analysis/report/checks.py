@@ -1,0 +1,137 @@
+"""What the timings can be trusted for: one machine per table, the A/A control (vanilla against a second
+vanilla side of the same run, whose speedup interval must contain 1.00×), and the T = 0 divergence counts
+(identical / near-tie / unexplained, specbench/divergence.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import pandas as pd
+
+from specbench import divergence, metrics
+from specbench.errors import SpecbenchError
+from specbench.analysis.report.names import VANILLA, block_label
+from specbench.analysis.report.records import ResultFile
+from specbench.analysis.report.stats import BOOTSTRAP_REPS, BOOTSTRAP_SEED, half_width, speedup_ci
+from specbench.analysis.report.table import DASH, Cell, Table, fmt_ci, fmt_spd
+
+UNKNOWN_HARDWARE = "unknown hardware"
+
+
+def hardware_of(f: ResultFile) -> str:
+    return str(f.meta.get("hardware") or UNKNOWN_HARDWARE)
+
+
+def check_one_machine(files: Sequence[ResultFile]) -> None:
+    """Refuse (one line naming the files) when the records come from more than one machine: a table that
+    ranks timings of different hardware says nothing about the methods."""
+    by_hw: dict[str, list[str]] = {}
+    for f in files:
+        if f.records:
+            by_hw.setdefault(hardware_of(f), []).append(f.path.name)
+    if len(by_hw) > 1:
+        parts = "; ".join(f"{hw}: {', '.join(sorted(names))}" for hw, names in sorted(by_hw.items()))
+        raise SpecbenchError(f"these results come from {len(by_hw)} machines ({parts}); a table never ranks "
+                             "timings of different hardware: report each machine's files on their own")
+
+
+def aa_labels(f: ResultFile) -> list[str]:
+    """The file's A/A sides: a second vanilla side (method vanilla, another label)."""
+    return [label for label, info in f.sides().items() if info.method == VANILLA and label != VANILLA]
+
+
+def without_aa(files: Sequence[ResultFile]) -> list[ResultFile]:
+    """The files without their A/A sides' records (a control, not a method: no row, rank or bold)."""
+    out = []
+    for f in files:
+        drop = set(aa_labels(f))
+        out.append(dataclasses.replace(f, records=tuple(r for r in f.records if r.method not in drop)) if drop else f)
+    return out
+
+
+def aa_frame(files: Sequence[ResultFile], reps: int = BOOTSTRAP_REPS, seed: int = BOOTSTRAP_SEED) -> pd.DataFrame:
+    """Per file, A/A side and bench: the 'speedup' of vanilla over vanilla with its 95% interval over
+    conversations, and whether the interval contains 1."""
+    rows = []
+    for f in files:
+        for label in aa_labels(f):
+            for bench in sorted({r.bench for r in f.records if r.method == label}):
+                ours = [r for r in f.records if r.method == label and r.bench == bench]
+                base = [r for r in f.records if r.method == VANILLA and r.bench == bench]
+                point = metrics.speedup(ours, base)
+                lo, hi = speedup_ci(ours, base, reps=reps, seed=seed)
+                contains = bool(lo <= 1.0 <= hi) if lo == lo and hi == hi else None
+                rows.append(dict(file=f.path.name, block=block_label(f.block), side=label, bench=bench,
+                                 n=len({r.prompt_id for r in ours}), speedup=point, lo=lo, hi=hi,
+                                 half_width=half_width(point, lo, hi), contains_1=contains))
+    return pd.DataFrame(rows, columns=["file", "block", "side", "bench", "n", "speedup", "lo", "hi", "half_width",
+                                       "contains_1"])
+
+
+def aa_table(files: Sequence[ResultFile], provenance: Sequence[str] = (), reps: int = BOOTSTRAP_REPS,
+             seed: int = BOOTSTRAP_SEED) -> Table | None:
+    """The A/A rows: a file whose vanilla-vs-vanilla interval excludes 1.00× is flagged (its intervals are
+    narrower than its noise)."""
+    frame = aa_frame(files, reps, seed)
+    if frame.empty:
+        return None
+    rows, notes = [], []
+    for r in frame.itertuples():
+        verdict = DASH if r.contains_1 is None else ("contains 1" if r.contains_1 else "EXCLUDES 1")
+        rows.append([Cell(r.file), Cell(r.side), Cell(r.bench), Cell(str(r.n)),
+                     Cell(fmt_ci(fmt_spd(r.speedup), r.lo, r.hi, fmt_spd)),
+                     Cell(DASH if r.half_width != r.half_width else f"±{100 * r.half_width:.1f}%"),
+                     Cell(verdict, r.contains_1 is False)])
+        if r.contains_1 is False:
+            notes.append(f"{r.file}: vanilla against itself gives {fmt_spd(r.speedup)} [{r.lo:.2f}, {r.hi:.2f}]: "
+                         "this file's intervals are narrower than its timing noise (re-time it on an idle machine)")
+    notes.insert(0, "A/A control: a second vanilla side interleaved in the same run; its speedup over vanilla is 1.00× "
+                    "up to timing noise, so its 95% interval (bootstrap over conversations) must contain 1.00×; "
+                    "± = half the interval's width relative to the point, the smallest effect this file resolves")
+    return Table("aa_table", "A/A control: vanilla against a second vanilla side of the same run",
+                 ["File", "Side", "Bench", "n", "Spd [95% CI]", "±", "Verdict"], [], [("", rows)],
+                 frame, notes, list(provenance), align="lllrrrl")
+
+
+def divergence_frame(files: Sequence[ResultFile]) -> pd.DataFrame:
+    """Per block and method side: T = 0 turns identical to vanilla's, near-ties, unexplained, unchecked, and the
+    largest logit difference seen between the two sides where they agreed (in roundings of the dtype)."""
+    rows = []
+    for f in files:
+        if f.block[1] != 0:
+            continue
+        for label in sorted({r.method for r in f.records if r.divergence}):
+            found = [r.divergence for r in f.records if r.method == label and r.divergence]
+            c = divergence.counts(found)
+            noise = [d["noise_roundings"] for d in found if "noise_roundings" in d]
+            rows.append(dict(block=block_label(f.block), file=f.path.name, method=label, dtype=f.meta.get("dtype"),
+                             turns=len(found), **{k.replace("-", "_"): v for k, v in c.items()},
+                             noise_roundings=max(noise) if noise else float("nan")))
+    return pd.DataFrame(rows, columns=["block", "file", "method", "dtype", "turns", "identical", "near_tie",
+                                       "unexplained", "unchecked", "noise_roundings"])
+
+
+def divergence_table(files: Sequence[ResultFile], provenance: Sequence[str] = ()) -> Table | None:
+    """Identical / near-tie / unexplained per method and file (T = 0 runs that recorded it)."""
+    frame = divergence_frame(files)
+    if frame.empty:
+        return None
+    rows = [[Cell(r.file), Cell(r.method), Cell(str(r.dtype)), Cell(str(r.turns)), Cell(str(r.identical)),
+             Cell(str(r.near_tie)), Cell(str(r.unexplained), r.unexplained > 0), Cell(str(r.unchecked)),
+             Cell(DASH if r.noise_roundings != r.noise_roundings else f"{r.noise_roundings:.1f}")]
+            for r in frame.itertuples()]
+    notes = ["Each T = 0 method turn against vanilla's same turn: identical text; near-tie = at the first differing "
+             "position both sides' logit margins between the two tokens add up to no more than the dtype's rounding "
+             "of those logits (per side √(2L+2) · u · (|l_a| + |l_b|): 2L+2 roundings of a logit through L layers "
+             "adding like a random walk, u = eps/2 of the dtype: 2^-8 bf16, 2^-24 fp32), each token among the other "
+             "side's "
+             f"{divergence.TOP_K} best; unexplained = anything else (a bug until shown otherwise); a later turn of a "
+             "diverged conversation takes its first divergence's status; unchecked = a side's logits were not kept "
+             "(resumed run)",
+             "Noise = the largest difference between the two sides' logit of a token both committed, in units of "
+             "u·|logit|: how far the batched verify and vanilla's one-row step actually disagree; the near-tie rule "
+             "allows √(2L+2) per logit (7.9 for a 30-layer target)"]
+    return Table("divergence_table", "Greedy divergences from vanilla: identical, near-tie or unexplained",
+                 ["File", "Method", "dtype", "Turns", "Identical", "Near-tie", "Unexplained", "Unchecked",
+                  "Noise (u)"], [], [("", rows)], frame, notes, list(provenance), align="lllrrrrrr")
