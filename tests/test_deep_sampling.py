@@ -39,7 +39,7 @@ from methods.sps_confidence import SpSConfidenceDrafter, SpSConfidenceOptions
 from methods.suffix import SuffixDrafter, SuffixOptions, arctic_available
 from methods.vanilla import VanillaDrafter
 from specbench import engine, kvcache
-from specbench.drafter import available_methods, method_class
+from specbench.registry import available_methods, method_class
 from specbench.engine import GenerationConfig, generate
 from specbench.target import Target
 from specbench.training.batch import TrainBatch
