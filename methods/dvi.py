@@ -42,7 +42,7 @@ from torch import nn
 from specbench.engine.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
 from specbench.options import option
-from specbench.engine.split_verify import ShallowStates, check_split, forward_shallow
+from specbench.engine.split_verify import check_split
 from specbench.engine.target import Target, TargetOutput
 from specbench.engine.tree import DraftTree, SiblingKind
 from specbench.engine.verify import draw, logits_to_probs

@@ -12,7 +12,7 @@ import torch
 
 from methods.checkpoints import check_layer_shapes, load_checked, load_ours_or_published, save_ours
 from methods.checkpoints import read_published_weights  # whole or sharded weights
-from methods.eagle3 import check_taps, eagle3_taps
+from methods.taps import check_taps, eagle3_taps
 from methods.layers import official_layer_shapes
 from methods.specblock_model import SpecBlockConfig, SpecBlockModel
 from specbench.errors import SpecbenchError

@@ -435,6 +435,14 @@ def _usage_error(exc: Exception) -> None:
     sys.exit(2)
 
 
+def _is_program() -> bool:
+    """This process is the `specbench` command (not a caller that runs main() in-process and goes on)."""
+    top = sys.modules.get("__main__")
+    spec = getattr(top, "__spec__", None)
+    name = spec.name if spec is not None else Path(getattr(top, "__file__", "") or "").name
+    return name in ("specbench", "specbench.cli", "specbench.__main__")
+
+
 def main() -> None:
     warnings.filterwarnings("ignore", message=".*GGUF.*")
     # Runs and trainings stop at their next step boundary on Ctrl-C / SIGTERM; other commands stop at once.
@@ -464,7 +472,7 @@ def main() -> None:
                       highlight=False, soft_wrap=True)
             sys.exit(2)
         except interrupt.Interrupted as exc:
-            interrupt.settle()
+            interrupt.exiting() if _is_program() else interrupt.settle()
             err.print(_one_line(_interrupted_line(exc)), highlight=False, soft_wrap=True)
             sys.exit(exc.exit_code)
         except (KeyboardInterrupt, typer.Abort):

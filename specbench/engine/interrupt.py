@@ -140,6 +140,16 @@ def settle() -> None:
     _cancel_timer()
 
 
+_exiting = False  # the process ends with this stop: signals stay ignored after ``graceful``
+
+
+def exiting() -> None:
+    """The program ends on this stop: a later Ctrl-C must not interrupt its exit (atexit hooks, flushes)."""
+    global _exiting
+    _exiting = True
+    settle()
+
+
 def _reset() -> None:
     global _received, _pending, _settled, _kept
     _cancel_timer()
@@ -162,9 +172,10 @@ def graceful(escalate_after: float | None = None) -> Iterator[None]:
     try:
         yield
     finally:
+        global _exiting
         for s, h in previous.items():
-            signal.signal(s, h)
-        _escalate_after = None
+            signal.signal(s, signal.SIG_IGN if _exiting else h)
+        _escalate_after, _exiting = None, False
         _reset()
 
 

@@ -31,7 +31,7 @@ def entry_points(group: str = METHODS_GROUP) -> dict[str, str]:
         return found
     import tomllib
 
-    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
     if pyproject.is_file():
         declared = tomllib.loads(pyproject.read_text()).get("project", {}).get("entry-points", {})
         found = dict(declared.get(group, {}))

@@ -16,7 +16,7 @@ def drafter_roots() -> list[Path]:
     """Where a relative drafter path is looked up, in order: $SPECBENCH_DRAFTERS, the current directory's
     drafters/ (a clone, as `make report` runs), this checkout's drafters/."""
     roots = [Path(env).expanduser()] if (env := os.environ.get(ROOT_ENV)) else []
-    roots += [Path.cwd() / "drafters", Path(__file__).resolve().parent.parent / "drafters"]
+    roots += [Path.cwd() / "drafters", Path(__file__).resolve().parents[2] / "drafters"]
     out: list[Path] = []
     for root in roots:
         if root.resolve() not in [r.resolve() for r in out]:
