@@ -16,7 +16,7 @@ from specbench.analysis import paired
 from specbench.analysis.cost_model import CHAIN, TREE, CostCurve, curve_path, ideal_with_source, load_curve, slug
 from specbench.errors import SpecbenchError
 from specbench.records import GenerationRecord
-from specbench.analysis.report import build_report, read_result_file
+from specbench.analysis.report import build_report, read_result_file, write_report
 from specbench.analysis.report.checks import aa_frame
 from specbench.analysis.report.cost import sps_gamma_note
 
@@ -108,13 +108,45 @@ def test_bold_needs_the_runner_up_in_the_same_file(tmp_path: Path):
     assert cell.startswith("2.00× [") and cell.endswith("(n=8)")
 
 
-def test_records_of_two_machines_are_refused_in_one_line(tmp_path: Path):
-    write(tmp_path / "a.jsonl", [rec("vanilla", "p0", 1.0), rec("m", "p0", 0.5)])
-    write(tmp_path / "b.jsonl", [rec("vanilla", "p0", 1.0), rec("m2", "p0", 0.5)], hardware="Other CPU (2 threads)")
+def test_records_of_two_machines_are_split_one_machine_per_table(tmp_path: Path):
+    """Files of two machines: every table holds one machine's files; the machine with the most files keeps the
+    plain names, a kind both machines have takes the other's hardware as a suffix; nothing ranks across."""
+    other = "Other CPU (2 threads)"
+    fast = [r for p in range(8) for r in (rec("vanilla", f"p{p}", 2.0), rec("m", f"p{p}", 1.0))]
+    write(tmp_path / "a.jsonl", fast)
+    write(tmp_path / "a2.jsonl", [rec("vanilla", f"p{p}", 2.0, bench="humaneval") for p in range(8)]
+          + [rec("m", f"p{p}", 1.0, bench="humaneval") for p in range(8)])
+    write(tmp_path / "b.jsonl", [r for p in range(8) for r in (rec("vanilla", f"p{p}", 2.0),
+                                                                rec("m2", f"p{p}", 0.5))], hardware=other)
+    report = build_report(tmp_path, paper_numbers=None, reps=0)
+    assert report.hardware == HW and [o.hardware for o in report.others] == [other]
+    main, mains = report.main, [t for t in report.tables if t.name.startswith("main_table")]
+    assert [t.name for t in mains] == ["main_table", "main_table_other-cpu-2-threads"]
+    rows = {t.name: {row[0].text for _, rows in t.sections for row in rows} for t in mains}
+    assert rows == {"main_table": {"m"}, "main_table_other-cpu-2-threads": {"m2"}}
+    assert main.title.endswith(f"— {HW}") and mains[1].title.endswith(f"— {other}")
+    assert all(HW in line and other not in line for line in main.provenance)
+    assert all(other in line and HW not in line for line in mains[1].provenance)
+    # m2 (0.5 s) is faster than m (1.0 s) but on another machine: never in one table, never bold against m
+    assert not any(c.bold for _, rows in main.sections for row in rows for c in row)
+    written = {p.name for p in write_report(tmp_path, tmp_path / "out", paper_numbers=None, figures=False)}
+    assert {"main_table.md", "main_table_other-cpu-2-threads.md"} <= written
+    # one machine: plain names and titles, as before
+    alone = build_report([tmp_path / "a.jsonl"], paper_numbers=None, reps=0)
+    assert not alone.others and not alone.main.title.endswith(HW)
+
+
+def test_a_merged_file_of_two_machines_is_refused_in_one_line(tmp_path: Path):
+    """The one split that is impossible: a merged file whose parts ran on two machines (its records do not
+    say which machine timed them)."""
+    parts = [{"file": "r0.jsonl", "rank": 0, "hardware": HW}, {"file": "r1.jsonl", "rank": 1, "hardware": "Other"}]
+    write(tmp_path / "merged.jsonl", [rec("vanilla", "p0", 1.0), rec("m", "p0", 0.5)], parts=parts)
     with pytest.raises(SpecbenchError) as err:
         build_report(tmp_path, paper_numbers=None, reps=0)
     msg = str(err.value)
-    assert "\n" not in msg and "a.jsonl" in msg and "b.jsonl" in msg and "2 machines" in msg
+    assert "\n" not in msg and "merged.jsonl" in msg and "2 machines" in msg and "cannot be split" in msg
+    write(tmp_path / "merged.jsonl", [rec("vanilla", "p0", 1.0), rec("m", "p0", 0.5)], parts=parts[:1])
+    assert build_report(tmp_path, paper_numbers=None, reps=0).hardware == HW  # parts of one machine: fine
 
 
 def test_turns_under_load_are_flagged_and_dropped_for_retiming(tmp_path: Path):

@@ -19,14 +19,14 @@ META = {"target": "t", "temperature": 0.0, "dtype": "float32", "threads": 1}
 
 
 def rec(method: str, pid: str, seconds: float, tokens: int = 20, calls: int = 10, committed: int | None = None,
-        bench: str = "humaneval", query_index: int = 0, draft: float = 0.0) -> GenerationRecord:
+        bench: str = "humaneval", query_index: int = 0, draft: float = 0.0, turn: int = 0) -> GenerationRecord:
     committed = tokens if committed is None else committed
     accept = [committed // calls - 1] * calls
     accept[0] += committed - sum(a + 1 for a in accept)
     return GenerationRecord(method=method, new_tokens=list(range(tokens)), prompt_tokens=5, stop_reason="length",
                             times={"prefill": 0.0, "draft": draft, "verify": seconds - draft}, n_verify=calls,
                             accept_lengths=accept, tree_sizes=[2] * calls, depth_attempts=[], depth_accepts=[],
-                            bench=bench, prompt_id=pid, query_index=query_index)
+                            bench=bench, prompt_id=pid, query_index=query_index, turn=turn)
 
 
 def result_file(records, name: str = "f.jsonl", **meta) -> ResultFile:
@@ -55,9 +55,24 @@ def test_clear_win_holds_clear_loss_reversed_noise_inconclusive():
     assert verdict_of(0.6, 0.6, noise=0.3) == "inconclusive"
 
 
+def test_n_counts_conversations_not_turns():
+    """MT-Bench's two turns of a conversation are one resampled unit: 8 conversations of 2 turns give n = 8,
+    and the table says so (its n column and notes count conversations)."""
+    from specbench.analysis.orderings import orderings_table
+
+    recs = [rec(m, f"p{i}", (1 + i / 10) * f, bench="mt_bench", turn=t)
+            for i in range(8) for t in (0, 1) for m, f in (("vanilla", 1.0), ("a", 0.5), ("b", 0.8))]
+    frame = ordering_frame([result_file(recs)], [CLAIM])
+    assert len(frame) == 1 and frame.n.iloc[0] == 8 and frame.verdict.iloc[0] == "holds"
+    table = orderings_table(frame, claims=[CLAIM])
+    assert "n (conv.)" in table.columns and table.sections[0][1][0][5].text == "8"
+    assert any("n = paired conversations" in note for note in table.notes)
+    assert not any("turns pair" in note or "n = paired turns" in note for note in table.notes)
+
+
 def test_verdict_rules_and_missing_data():
     assert verdict(1.01, 1.2, ">") == "no data"  # n = 0
-    assert verdict(1.01, 1.2, ">", n=3) == "inconclusive"  # too few turns to judge
+    assert verdict(1.01, 1.2, ">", n=3) == "inconclusive"  # too few conversations to judge
     assert verdict(1.0, 1.0, ">=", n=8) == "holds" and verdict(1.0, 1.0, ">", n=8) == "inconclusive"
     assert verdict(0.4, 0.6, "<", 0.75, n=8) == "holds" and verdict(0.8, 0.9, "<", 0.75, n=8) == "reversed"
     frame = ordering_frame([result_file([rec("vanilla", "p0", 1.0), rec("x", "p0", 1.0)])])

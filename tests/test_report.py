@@ -393,3 +393,37 @@ def test_pacer_gamma_table_shares_over_the_lengths_chosen(tmp_path: Path):
     assert [c.text for c in row[1:4]] == ["200", f"{(4 * 159 + 8 * 40 + 48) / 200:.2f}", "3 / 2"]
     assert row[4].text == "4: 79.5%, 8: 20.0%, 48: 0.5%"  # 0.5% is still listed
     assert build_report(write_jsonl(tmp_path / "none.jsonl", base), reps=0).table("pacer_gamma_table") is None
+
+
+def _ddtree_files(tmp_path: Path, fa2_verify: float) -> list[Path]:
+    """ddtree-table1's two runs of one bench: SDPA (vanilla, dflash) and flash-attention-2 (vanilla, dflash-fa2),
+    the flash-attention-2 DFlash taking ``fa2_verify`` s of verify per prompt against SDPA's 1.0 s."""
+    sdpa = [r for p in range(4) for r in (vanilla("humaneval", f"p{p}", 21, 4.0),
+                                           drafted("dflash", "humaneval", f"p{p}", [3] * 5, 0.5, 1.0))]
+    fa2 = [r for p in range(4) for r in (vanilla("humaneval", f"p{p}", 21, 4.0),
+                                          drafted("dflash-fa2", "humaneval", f"p{p}", [3] * 5, 0.5, fa2_verify))]
+    meta = dict(preset="ddtree-table1", method="dflash")
+    return [write_jsonl(tmp_path / "ddtree-table1_humaneval_t_T0.jsonl", sdpa, label="dflash", **meta),
+            write_jsonl(tmp_path / "ddtree-table1_humaneval_t_T0_flash_attention_2.jsonl", fa2, label="dflash-fa2",
+                        attn_implementation="flash_attention_2", **meta)]
+
+
+@pytest.mark.parametrize("fa2_verify, faster", [(0.4, "dflash-fa2"), (1.6, "dflash")])
+def test_ddtree_dflash_row_is_the_faster_attention(tmp_path: Path, fa2_verify: float, faster: str):
+    """ddtree-table1 runs DFlash under SDPA and flash-attention-2; the paper reports the faster, so the paper
+    metric and the paper comparison hold one DFlash row per bench: the faster side's, named in a note."""
+    from specbench.analysis.report.papers import paper_metric_cells
+    from specbench.analysis.report.records import load_result_files
+
+    paths = _ddtree_files(tmp_path, fa2_verify)
+    cells = paper_metric_cells(load_result_files(paths))
+    assert list(cells.method) == ["dflash"] and cells.side.iloc[0] == faster
+    slow = "dflash" if faster == "dflash-fa2" else "dflash-fa2"
+    assert cells.other_sides.iloc[0].startswith(f"{slow} ")
+    report = build_report(paths, reps=0)
+    assert any(f"the {faster} side" in n for n in report.paper_metric.notes)
+    assert report.paper_metric.sections[0][1][0][1].text == ("dflash" if faster == "dflash" else "dflash (dflash-fa2)")
+    ours = report.papers.data.drop_duplicates(["method", "bench"])
+    assert list(ours.method) == [faster]  # one DFlash row, the faster side's
+    assert any(n.startswith(f"dflash × humaneval: the faster attention implementation is the {faster} side")
+               for n in report.papers.notes)

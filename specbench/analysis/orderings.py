@@ -1,5 +1,6 @@
 """Verdicts on the papers' claims: for each claim, holds / reversed / inconclusive from a paired
-bootstrap over prompt turns (``specbench.analysis.paired``), per benchmark and over all benchmarks together.
+bootstrap over conversations (``specbench.analysis.paired``: a conversation's turns, both MT-Bench turns
+included, are summed and resampled together), per benchmark and over all benchmarks together.
 
 Claims are data, YAML files that method packages ship (entry-point group ``specbench.claims``): two
 label patterns, a metric, a direction and a threshold on the ratio A / B. Patterns are regular
@@ -108,8 +109,9 @@ def units(files: Sequence, label: str, bench: str | None, with_file: bool) -> di
 
 
 def paired_units(files: Sequence, a: str, b: str, bench: str | None) -> tuple[np.ndarray, np.ndarray]:
-    """Rows of A and B on the turns both ran: within the files that hold both sides when there are any
-    (each with its own vanilla), else across files of the same block by prompt id and turn."""
+    """Rows of A and B, one per conversation, over the turns both ran (paired.pair_rows sums a conversation's
+    turns): within the files that hold both sides when there are any (each with its own vanilla), else across
+    files of the same block by prompt id and turn."""
     shared = [f for f in files if {a, b} <= {r.method for r in f.records}]
     group = shared or files
     ra, rb, _ = paired.pair_rows(units(group, a, bench, bool(shared)), units(group, b, bench, bool(shared)))
@@ -187,7 +189,8 @@ def _nan_low(x: float) -> float:
 
 
 def judge(claim: Claim, a: np.ndarray, b: np.ndarray, reps: int = paired.REPS, seed: int = paired.SEED) -> dict:
-    """Point ratio A / B, its 95% interval, n and the verdict."""
+    """Point ratio A / B, its 95% interval, n (paired conversations; for ``quarters``: queries per quarter) and
+    the verdict."""
     if claim.compare == "quarters":
         n = min(len(a), len(b))
         point, lo, hi = paired.unpaired_ratio(a, b, claim.metric, reps, seed) if n else (math.nan,) * 3
@@ -247,7 +250,7 @@ def orderings_table(frame: pd.DataFrame, provenance: Sequence[str] = (), claims:
 
     claims = load_claims() if claims is None else claims
 
-    columns = ["Claim", "Bench", "A", "B", "Metric", "n", "A / B [95% CI]", "Claimed", "Verdict"]
+    columns = ["Claim", "Bench", "A", "B", "Metric", "n (conv.)", "A / B [95% CI]", "Claimed", "Verdict"]
     sections = []
     for (target, temp), block in frame.groupby(["target", "temperature"], sort=True):
         rows = []
@@ -261,15 +264,17 @@ def orderings_table(frame: pd.DataFrame, provenance: Sequence[str] = (), claims:
                          Cell(str(r.n)), Cell(_fmt_ratio(r.ratio, r.ratio_lo, r.ratio_hi)), Cell(claimed),
                          Cell(r.verdict, r.verdict in ("holds", "reversed"))])
         sections.append((block_label((target, temp)), rows))
-    notes = [f"Verdict from a paired bootstrap over prompt turns ({paired.REPS} resamples, seed {paired.SEED}, "
+    notes = [f"Verdict from a paired bootstrap over conversations ({paired.REPS} resamples, seed {paired.SEED}, "
              f"{paired.LEVEL:.0%} percentile interval of A / B): holds = the whole interval on the claimed side of "
              "the threshold, reversed = the whole interval on the other side, inconclusive = it straddles it or "
-             f"fewer than {paired.MIN_UNITS} turns pair; no data = the records hold no side the claim names",
-             "Pairs: the same prompt turn of A and B, inside the files that hold both sides (each speedup against "
+             f"fewer than {paired.MIN_UNITS} conversations pair; no data = the records hold no side the claim names",
+             "Pairs: the same conversation of A and B (the turns both ran, summed per conversation, so MT-Bench's "
+             "two turns are resampled together), inside the files that hold both sides (each speedup against "
              "its own file's vanilla), else across files of the same block by prompt id and turn; n = paired "
-             "turns; 'all' pools the benches",
+             "conversations; 'all' pools the benches",
              "Monotone claims hold A = the next larger budget against B = the smaller; stream claims hold a "
-             "side's last quarter of the stream (by query index) against its first quarter, resampled apart"]
+             "side's last quarter of the stream (by query index) against its first quarter, resampled apart "
+             "(there n = queries per quarter)"]
     notes += [f"{c.text}: {c.source}" for c in claims]
     data = frame.assign(temperature=frame.temperature.map(lambda t: f"{t:g}"))
     return Table("orderings_table", "Orderings: do the papers' claims hold in these records?", columns, [],

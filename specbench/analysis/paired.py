@@ -20,7 +20,7 @@ from specbench.records import GenerationRecord
 REPS = 2000
 SEED = 0
 LEVEL = 0.95
-MIN_UNITS = 5  # fewer paired turns than this: a verdict would rest on one or two prompts
+MIN_UNITS = 5  # fewer paired conversations than this: a verdict would rest on one or two prompts
 
 # Column order of a unit row.
 TOK, SEC, VTOK, VSEC, COMMITTED, CALLS, DRAFT, DECODE = range(8)
@@ -91,7 +91,7 @@ def unpaired_ratio(a: np.ndarray, b: np.ndarray, metric: str, reps: int = REPS,
 def verdict(lo: float, hi: float, direction: str, threshold: float = 1.0, n: int = 0,
             min_units: int = MIN_UNITS) -> str:
     """'holds' when the whole interval lies on the claimed side of ``threshold``, 'reversed' when it lies
-    on the other side, else 'inconclusive'; 'no data' without paired turns."""
+    on the other side, else 'inconclusive'; 'no data' without paired conversations."""
     if n == 0 or not (math.isfinite(lo) and math.isfinite(hi)):
         return "no data"
     if n < min_units:

@@ -28,7 +28,7 @@ _EXPORTS = {
     "stats": ("BOOTSTRAP_REPS", "BOOTSTRAP_SEED", "BOLD_REPS", "CELL_COLUMNS", "bootstrap_ci", "speedup_ci", "tau_ci",
               "cell_frame", "method_frame", "missing_reasons", "mean_over_benches", "loaded_cells",
               "significant_cells", "of_kind", "blocks_of_kind", "mean_frame", "flagged_turns"),
-    "checks": ("check_one_machine", "aa_frame", "aa_table", "without_aa", "divergence_frame", "divergence_table"),
+    "checks": ("split_by_machine", "machine_slug", "aa_frame", "aa_table", "without_aa", "divergence_frame", "divergence_table"),
     "cost": ("block_curves", "cost_table", "sps_gamma_note"),
     "table": ("Cell", "Table", "DASH", "fmt_spd", "fmt_tau", "fmt_pct", "fmt_delta", "fmt_ci", "fmt_spd_n"),
     "tables": ("main_table", "streams_table", "companion_table", "ablation_groups", "ablation_table", "provenance_lines"),

@@ -18,7 +18,7 @@ from specbench.analysis.report.names import Block, MethodInfo
 from specbench.analysis.report.papers import (DEFAULT_PAPER_NUMBERS, load_paper_numbers, paper_comparison_table, paper_files,
                                      paper_metric_table)
 from specbench.analysis.report.records import PathSpec, ResultFile, block_records, block_sides, load_result_files
-from specbench.analysis.report.checks import aa_table, check_one_machine, divergence_table, without_aa
+from specbench.analysis.report.checks import aa_table, divergence_table, machine_slug, split_by_machine, without_aa
 from specbench.analysis.report.cost import block_curves, cost_table
 from specbench.analysis.report.render import (flat_headers, render_csv, render_index_html, render_latex,
                                      render_markdown)
@@ -47,6 +47,8 @@ class Report:
     aa: Table | None = None  # the A/A control rows (a second vanilla side per file)
     divergence: Table | None = None  # T = 0: identical / near-tie / unexplained per method
     cost: Table | None = None  # the forward-cost curve of this hardware, when measured (bench/forward_cost.py)
+    hardware: str = ""  # the one machine whose files this report's tables hold
+    others: list["Report"] = field(default_factory=list)  # the other machines' reports (split_by_machine)
 
     @property
     def bench_cells(self) -> pd.DataFrame:
@@ -55,6 +57,11 @@ class Report:
 
     @property
     def tables(self) -> list[Table]:
+        """This machine's tables, then every other machine's that has rows (named apart by name_apart)."""
+        return self.own_tables + [t for other in self.others for t in other.own_tables if t.sections]
+
+    @property
+    def own_tables(self) -> list[Table]:
         return [t for t in (self.main, self.streams, self.aa, self.divergence, self.companion, self.ablation,
                             *self.method_tables, self.papers, self.paper_metric, self.orderings, self.drafters,
                             self.cost) if t is not None]
@@ -66,9 +73,37 @@ class Report:
 
 def build_report(results: PathSpec, paper_numbers: str | Path | Sequence[Path] | None = DEFAULT_PAPER_NUMBERS,
                  reps: int = BOOTSTRAP_REPS, seed: int = BOOTSTRAP_SEED) -> Report:
-    """Everything computed, nothing written. ``reps=0`` skips the bootstrap (console preview)."""
-    every = load_result_files(results)
-    check_one_machine(every)  # one machine per report: no table ranks timings of different hardware
+    """Everything computed, nothing written. ``reps=0`` skips the bootstrap (console preview).
+
+    One machine per table: the files are split by their header's hardware (checks.split_by_machine) and every
+    table is built from one machine's files only; the machine with the most files is the returned report,
+    the others hang off its ``others``."""
+    machines = split_by_machine(load_result_files(results))
+    reports = [machine_report(files, hardware, paper_numbers, reps, seed) for hardware, files in machines]
+    if len(reports) > 1:
+        name_apart(reports)
+    head = reports[0]
+    head.others = reports[1:]
+    return head
+
+
+def name_apart(reports: Sequence[Report]) -> None:
+    """Tables of several machines: every heading names its hardware; a table kind that more than one machine
+    has keeps its plain name for the first machine (most files) and takes the hardware as a suffix elsewhere,
+    so no file holds two machines' rows and links to the first machine's tables stay valid."""
+    taken: set[str] = set()
+    for report in reports:
+        for table in report.own_tables:
+            table.title = f"{table.title} — {report.hardware}"
+            if table.name in taken:
+                table.name = f"{table.name}_{machine_slug(report.hardware)}"
+            taken.add(table.name)
+
+
+def machine_report(every: Sequence[ResultFile], hardware: str = "",
+                   paper_numbers: str | Path | Sequence[Path] | None = DEFAULT_PAPER_NUMBERS,
+                   reps: int = BOOTSTRAP_REPS, seed: int = BOOTSTRAP_SEED) -> Report:
+    """Every table of one machine's files."""
     files = without_aa(every)  # the A/A sides are a control (aa_table), not a method
     blocks = block_records(files)
     sides = block_sides(files)
@@ -94,7 +129,7 @@ def build_report(results: PathSpec, paper_numbers: str | Path | Sequence[Path] |
     return Report(files, blocks, cells, methods, main, companion_table(cells, prov), ablation_table(cells, sides, prov),
                   papers, registered_tables(blocks, prov), paper_metric_table(files), orderings, sides,
                   drafters_table(files, prov), streams, aa_table(every, prov, reps, seed) if reps else None,
-                  divergence_table(files, prov), cost_table(files, prov))
+                  divergence_table(files, prov), cost_table(files, prov), hardware)
 
 
 def write_report(results_glob_or_paths: PathSpec = "results/*.jsonl", out_dir: str | Path = "reports",
@@ -112,7 +147,11 @@ def write_report(results_glob_or_paths: PathSpec = "results/*.jsonl", out_dir: s
             path = out / f"{table.name}{suffix}"
             path.write_text(text, encoding="utf-8")
             written.append(path)
-    figure_paths = write_figures(report, out / "figures") if figures else []
+    figure_paths = []
+    if figures:  # the other machines' figures in a folder named by their hardware
+        figure_paths = write_figures(report, out / "figures")
+        for other in report.others:
+            figure_paths += write_figures(other, out / "figures" / machine_slug(other.hardware))
     written += figure_paths
     index = out / "index.html"
     index.write_text(render_index_html(report.tables, [p for p in figure_paths if p.suffix == ".png"]),
@@ -128,9 +167,9 @@ def rich_main_table(source: "Report | PathSpec"):
 
 def rich_tables(source: "Report | PathSpec") -> list:
     """The main table, then the mixed streams' table when any stream ran, as rich.table.Tables (a main table
-    without rows, when only streams ran, is left out)."""
+    without rows, when only streams ran, is left out); one machine after the other."""
     report = source if isinstance(source, Report) else build_report(source, reps=0)
-    shown = [t for t in (report.main, report.streams) if t is not None and t.sections]
+    shown = [t for r in (report, *report.others) for t in (r.main, r.streams) if t is not None and t.sections]
     return [_rich(t) for t in shown or [report.main]]
 
 

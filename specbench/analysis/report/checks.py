@@ -1,10 +1,11 @@
-"""What the timings can be trusted for: one machine per table, the A/A control (vanilla against a second
-vanilla side of the same run, whose speedup interval must contain 1.00×), and the T = 0 divergence counts
-(identical / near-tie / unexplained, specbench/divergence.py)."""
+"""What the timings can be trusted for: one machine per table (files split by their header's hardware), the
+A/A control (vanilla against a second vanilla side of the same run, whose speedup interval must contain
+1.00×), and the T = 0 divergence counts (identical / near-tie / unexplained, specbench/divergence.py)."""
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Sequence
 
 import pandas as pd
@@ -23,17 +24,37 @@ def hardware_of(f: ResultFile) -> str:
     return str(f.meta.get("hardware") or UNKNOWN_HARDWARE)
 
 
-def check_one_machine(files: Sequence[ResultFile]) -> None:
-    """Refuse (one line naming the files) when the records come from more than one machine: a table that
-    ranks timings of different hardware says nothing about the methods."""
-    by_hw: dict[str, list[str]] = {}
+def machine_slug(hardware: str) -> str:
+    """A file-name form of a hardware string: 'AMD EPYC (2 threads)' -> 'amd-epyc-2-threads'."""
+    return re.sub(r"[^a-z0-9]+", "-", hardware.lower()).strip("-") or "unknown"
+
+
+def _part_machines(f: ResultFile) -> set[str]:
+    """The hardware of every part a merged file was made from (``specbench merge``: meta parts)."""
+    return {str(p.get("hardware") or UNKNOWN_HARDWARE) for p in f.meta.get("parts") or [] if isinstance(p, dict)}
+
+
+def split_by_machine(files: Sequence[ResultFile]) -> list[tuple[str, list[ResultFile]]]:
+    """The files grouped by the hardware string of their header, one group per machine, so that no table
+    pools, ranks or bolds timings of different hardware. The machine with the most files (then records)
+    comes first: its tables keep their plain names. Files without records go with the first machine.
+
+    A split is impossible only for a merged file whose parts ran on different machines (its records do not
+    say which machine timed them): refused in one line naming the file."""
+    for f in files:
+        if len(parts := _part_machines(f)) > 1:
+            raise SpecbenchError(f"{f.path.name} merges parts timed on {len(parts)} machines "
+                                 f"({'; '.join(sorted(parts))}) and its records do not say which machine timed "
+                                 "each, so it cannot be split by machine: report each part's file on its own")
+    by_hw: dict[str, list[ResultFile]] = {}
     for f in files:
         if f.records:
-            by_hw.setdefault(hardware_of(f), []).append(f.path.name)
-    if len(by_hw) > 1:
-        parts = "; ".join(f"{hw}: {', '.join(sorted(names))}" for hw, names in sorted(by_hw.items()))
-        raise SpecbenchError(f"these results come from {len(by_hw)} machines ({parts}); a table never ranks "
-                             "timings of different hardware: report each machine's files on their own")
+            by_hw.setdefault(hardware_of(f), []).append(f)
+    order = sorted(by_hw, key=lambda hw: (-len(by_hw[hw]), -sum(len(f.records) for f in by_hw[hw]), hw))
+    groups = [(hw, by_hw[hw]) for hw in order]
+    if groups:
+        groups[0][1].extend(f for f in files if not f.records)
+    return groups
 
 
 def aa_labels(f: ResultFile) -> list[str]:
