@@ -104,6 +104,9 @@ def test_bold_needs_the_runner_up_in_the_same_file(tmp_path: Path):
     together = build_report(tmp_path / "c.jsonl", paper_numbers=None, reps=200)
     assert any(c.bold for _, rows in together.main.sections for row in rows for c in row)
     assert any(n.startswith("Resolution: a per-bench speedup interval spans ±") for n in together.main.notes)
+    # no A/A side in these files: the resolution note says so instead of pointing to an aa_table that is not there
+    assert any("hold no A/A side" in n for n in together.main.notes) and together.aa is None
+    assert not any("aa_table" in n for n in together.main.notes)
     cell = together.main.sections[0][1][0][1].text  # fast on mt_bench: point, interval, n
     assert cell.startswith("2.00× [") and cell.endswith("(n=8)")
 

@@ -18,7 +18,7 @@ from specbench.analysis.report.names import Block, MethodInfo
 from specbench.analysis.report.papers import (DEFAULT_PAPER_NUMBERS, load_paper_numbers, paper_comparison_table, paper_files,
                                      paper_metric_table)
 from specbench.analysis.report.records import PathSpec, ResultFile, block_records, block_sides, load_result_files
-from specbench.analysis.report.checks import aa_table, divergence_table, machine_slug, split_by_machine, without_aa
+from specbench.analysis.report.checks import aa_labels, aa_table, divergence_table, machine_slug, split_by_machine, without_aa
 from specbench.analysis.report.cost import block_curves, cost_table
 from specbench.analysis.report.render import (flat_headers, render_csv, render_index_html, render_latex,
                                      render_markdown)
@@ -118,13 +118,14 @@ def machine_report(every: Sequence[ResultFile], hardware: str = "",
                                         prov + [f"paper numbers: {', '.join(p.name for p in paper_csvs)}"])
     bold_reps, loaded = BOLD_REPS if reps else 0, loaded_cells(files)  # reps=0: a preview, no tests
     bench_blocks = blocks_of_kind(blocks, streams=False)
+    has_aa = any(aa_labels(f) for f in every)  # the resolution note points to the A/A rows only where there are any
     main = main_table(bench_cells, methods, prov, significant_cells(files, bold_reps, seed), loaded,
-                      mean_frame(bench_blocks, reps, seed))
+                      mean_frame(bench_blocks, reps, seed), aa=has_aa)
     streams = None
     if stream_blocks := blocks_of_kind(blocks, streams=True):
         streams = streams_table(of_kind(cells, streams=True), method_frame(stream_blocks), prov,
                                 significant_cells(files, bold_reps, seed, streams=True), loaded,
-                                mean_frame(stream_blocks, reps, seed))
+                                mean_frame(stream_blocks, reps, seed), aa=has_aa)
     orderings = orderings_table(ordering_frame(files, seed=seed), prov) if reps else None
     return Report(files, blocks, cells, methods, main, companion_table(cells, prov), ablation_table(cells, sides, prov),
                   papers, registered_tables(blocks, prov), paper_metric_table(files), orderings, sides,

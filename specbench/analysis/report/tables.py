@@ -50,7 +50,8 @@ def provenance_lines(files: Sequence[ResultFile]) -> list[str]:
 
 
 def main_table(cells: pd.DataFrame, methods: pd.DataFrame, provenance: Sequence[str] = (),
-               bold: frozenset = frozenset(), loaded: frozenset = frozenset(), means: pd.DataFrame | None = None) -> Table:
+               bold: frozenset = frozenset(), loaded: frozenset = frozenset(), means: pd.DataFrame | None = None,
+               aa: bool = True) -> Table:
     """SpecBlock Table 1 layout: a block per (target, T), a row per method, Spd (n)/τ per bench, Mean with the
     cost model's ideal speedup and efficiency, T_D%, greedy match. ``cells``/``methods``: the single
     benchmarks' (stats.of_kind, stats.blocks_of_kind); ``bold``: (target, T, method, bench or 'mean') whose
@@ -59,12 +60,12 @@ def main_table(cells: pd.DataFrame, methods: pd.DataFrame, provenance: Sequence[
     return _speedup_table("main_table", "Speedup (Spd) over vanilla and mean accepted length τ per benchmark",
                           "Spd [95% interval] (n=conversations) = end-to-end speedup over the same file's vanilla; "
                           "Mean = mean over the benchmarks each method ran (n summed; mixed streams are in "
-                          "streams_table)", cells, methods, provenance, bold, loaded, means)
+                          "streams_table)", cells, methods, provenance, bold, loaded, means, aa)
 
 
 def streams_table(cells: pd.DataFrame, methods: pd.DataFrame, provenance: Sequence[str] = (),
                   bold: frozenset = frozenset(), loaded: frozenset = frozenset(),
-                  means: pd.DataFrame | None = None) -> Table:
+                  means: pd.DataFrame | None = None, aa: bool = True) -> Table:
     """The main table's layout for the mixed query streams (``--bench mixed --passes N``), where the methods
     that learn while serving are measured: one column per stream, its own mean, T_D% and greedy match over
     the stream records only."""
@@ -72,7 +73,7 @@ def streams_table(cells: pd.DataFrame, methods: pd.DataFrame, provenance: Sequen
                           "query streams (methods that learn while serving, and their static baselines)",
                           "Spd [95% interval] (n=queries over all passes) = end-to-end speedup over the same "
                           "file's vanilla on the same stream; Mean = mean over the streams each method ran",
-                          cells, methods, provenance, bold, loaded, means)
+                          cells, methods, provenance, bold, loaded, means, aa)
 
 
 def _spd_cell(spd: float, lo: float, hi: float, n, loaded: bool) -> str:
@@ -82,9 +83,9 @@ def _spd_cell(spd: float, lo: float, hi: float, n, loaded: bool) -> str:
     return f"{fmt_ci(fmt_spd(spd), lo, hi, fmt_spd)} (n={int(n)})" + (f" {MARK}" if loaded else "")
 
 
-def resolution_note(cells: pd.DataFrame) -> str | None:
+def resolution_note(cells: pd.DataFrame, aa: bool = True) -> str | None:
     """How big an effect the speedup intervals can resolve: the median (and widest) half-width of the
-    per-bench intervals, relative to their point."""
+    per-bench intervals, relative to their point; ``aa``: whether the files hold A/A rows to point to."""
     widths = [half_width(r.speedup, r.speedup_lo, r.speedup_hi) for r in cells.itertuples()]
     widths = [w for w in widths if finite(w)]
     if not widths:
@@ -92,8 +93,10 @@ def resolution_note(cells: pd.DataFrame) -> str | None:
     widths.sort()
     return (f"Resolution: a per-bench speedup interval spans ±{100 * widths[len(widths) // 2]:.1f}% around its point "
             f"(median; widest ±{100 * widths[-1]:.1f}%), so two methods whose speedups differ by less than about "
-            "that cannot be told apart here, and a speedup within it of 1.00× is no gain or loss; the A/A rows "
-            "(aa_table) show the same spread for vanilla against itself")
+            "that cannot be told apart here, and a speedup within it of 1.00× is no gain or loss; "
+            + ("the A/A rows (aa_table) show the same spread for vanilla against itself" if aa else
+               "these files hold no A/A side (a second vanilla side), so nothing here shows vanilla's spread "
+               "against itself"))
 
 
 def _ideal_note(cells: pd.DataFrame) -> str:
@@ -116,7 +119,7 @@ def _ideal_note(cells: pd.DataFrame) -> str:
 
 def _speedup_table(name: str, title: str, spd_note: str, cells: pd.DataFrame, methods: pd.DataFrame,
                    provenance: Sequence[str], bold: frozenset, loaded: frozenset,
-                   means: pd.DataFrame | None = None) -> Table:
+                   means: pd.DataFrame | None = None, aa: bool = True) -> Table:
     benches = sorted(cells.bench.unique(), key=bench_key)
     columns, groups = _bench_groups(benches, ["Method"])
     columns += ["Spd", "τ", "Ideal", "Eff.", "T_D%", "Greedy"]
@@ -174,7 +177,7 @@ def _speedup_table(name: str, title: str, spd_note: str, cells: pd.DataFrame, me
              "(another run) leaves the column without bold",
              _ideal_note(cells),
              "Greedy = share of T = 0 turns (n) whose text equals vanilla's token for token"]
-    if (resolution := resolution_note(cells)) is not None:
+    if (resolution := resolution_note(cells, aa)) is not None:
         notes.append(resolution)
     if loaded:
         notes.append(f"{MARK} = a turn of this cell was recorded under load: other work above {TURN_LOAD:g} CPU "
