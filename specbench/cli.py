@@ -73,79 +73,68 @@ def _parse_opts(opts: list[str], config: Optional[Path]) -> dict:
     return options
 
 
-@app.command()
-def run(
-    method: Optional[str] = typer.Option(None, "--method", "-m", help="Method name (see `specbench list methods`)."),
-    bench: Optional[str] = typer.Option(None, "--bench", "-b", help="Benchmark name or a .jsonl file."),
-    target: str = typer.Option("smollm2-135m", help="Target: smollm2-135m, a .gguf file, a model folder or a hub id "
-                               "org/name or org/name@REVISION."),
-    temperature: float = typer.Option(0.0, help="0 = greedy; > 0 samples (lossless either way)."),
-    top_k: int = typer.Option(0, help="Top-k filter at T > 0 (0 = off)."),
-    top_p: float = typer.Option(1.0, help="Top-p filter at T > 0 (1 = off)."),
-    max_new_tokens: int = typer.Option(128, help="New tokens per turn (cut at EOS)."),
-    limit: Optional[int] = typer.Option(None, help="First N prompts."),
-    sample: Optional[int] = typer.Option(None, help="N prompts drawn with --seed (deterministic)."),
-    category: Optional[str] = typer.Option(None, help="Category (spec_bench, mt_bench) or pair (wmt23)."),
-    seed: int = typer.Option(0, help="Seed for --sample and for sampling at T > 0."),
-    baseline: str = typer.Option(VANILLA, help="vanilla (interleaved, same process) or none."),
-    out: Optional[Path] = typer.Option(None, help="Results file (default results/<method>_<bench>_<target>_T<t>.jsonl)."),
-    resume: bool = typer.Option(False, help="Continue an interrupted run in --out, skipping finished turns."),
-    overwrite: bool = typer.Option(False, help="Replace an existing results file."),
-    opt: list[str] = typer.Option([], "--opt", help="Method option key=value (repeatable)."),
-    config: Optional[Path] = typer.Option(None, help="YAML/JSON file of method options."),
-    label: Optional[str] = typer.Option(None, help="Method label in records and tables (default: method name)."),
-    dtype: str = typer.Option("auto", help="auto (bfloat16 on CUDA and bf16-capable CPUs, else float32), "
-                                           "float32 for exactness checks, bfloat16 for speed."),
-    device: str = typer.Option("auto", help="auto (cuda if available, else cpu), cpu, cuda or cuda:N."),
-    device_map: Optional[str] = typer.Option(None, help="auto: spread a target larger than one GPU over the visible "
-                                                        "GPUs with accelerate (one process; on CPU a pass-through)."),
-    attn: str = typer.Option("sdpa", help="Target attention: sdpa, eager, or flash (flash-attn for prefill and "
-                                          "chain verifies, SDPA for trees; CUDA only)."),
-    data_dir: Optional[str] = typer.Option(None, help="Folder of benchmark JSONL files (else $SPECBENCH_DATA)."),
-    system_prompt: Optional[str] = typer.Option(None, help="System prompt for the chat template."),
-    on_long_prompt: str = typer.Option("skip", help="skip (with a warning) or fail on prompts past the context."),
-    warmup: bool = typer.Option(True, help="Run and discard one short generation per side first."),
-    sweep: Optional[str] = typer.Option(None, help="key=v1,v2,...: one side per value, labelled METHOD@key=v."),
-    also: list[str] = typer.Option([], "--also", help="Another method in the same run: name or name@key=value[@key=value] (repeatable)."),
-    passes: int = typer.Option(1, help="Repeat the query stream N times (drafters that learn keep their state)."),
-    repeats: int = typer.Option(1, help="Generate and time each prompt turn R times per side (same tokens required); metrics use the median."),
-    budget: Optional[int] = typer.Option(None, help="Drafted nodes per verify call for every side whose method has a "
-                                                    "node-budget option (`specbench list methods` names it); a side's "
-                                                    "own setting wins."),
-    preset: Optional[str] = typer.Option(None, help="Run a paper preset instead (= `specbench reproduce PRESET`; --out is its folder)."),
-    dry_run: bool = typer.Option(False, help="With --preset: print the plan, load no model."),
-    target_revision: Optional[str] = typer.Option(None, help="Hub revision of --target (branch, tag or commit sha)."),
-    chat_template: str = typer.Option("auto", help="auto (tokenizer's template; vicuna_v1.1 for Vicuna models "
-                                      "without one), tokenizer, vicuna_v1.1 or plain."),
-    chat_template_kwargs: list[str] = typer.Option([], "--chat-template-kwargs", help="key=value passed to "
-                                                   "apply_chat_template, e.g. enable_thinking=false (repeatable)."),
-) -> None:
+# Flags of `specbench run` that are no RunConfig field: they build one (--opt/--config -> options) or
+# send the command elsewhere (--preset, --dry-run); each is placed after the field named with it.
+_RUN_ONLY = (
+    ("overwrite", "opt", list[str], typer.Option([], "--opt", help="Method option key=value (repeatable).")),
+    ("overwrite", "config", Optional[Path], typer.Option(None, help="YAML/JSON file of method options.")),
+    ("budget", "preset", Optional[str], typer.Option(None, help="Run a paper preset instead (= `specbench reproduce "
+                                                               "PRESET`; --out is its folder).")),
+    ("budget", "dry_run", bool, typer.Option(False, help="With --preset: print the plan, load no model.")),
+)
+
+
+def _run(**flags) -> None:
     """Run METHOD (and every --also / --sweep side) on BENCH with the vanilla baseline interleaved
     prompt by prompt; print the summary table. BENCH may be a mixed stream: `mixed` or `a+b+c`."""
-    flags = dict(locals())  # every flag above, by name: a RunConfig field of the same name takes its value
-    from specbench.engine.prompts import parse_template_kwargs
+    from specbench.run.run_config import config_values
     from specbench.run.runner import RunConfig, Runner, summary_table
 
-    if preset is not None:
-        _reproduce(preset, target, limit=limit, dry_run=dry_run, out_dir=out, device=device, data_dir=data_dir,
-                   resume=resume, overwrite=overwrite)
+    out, config = flags["out"], flags["config"]
+    if flags["preset"] is not None:
+        _reproduce(flags["preset"], flags["target"], limit=flags["limit"], dry_run=flags["dry_run"], out_dir=out,
+                   device=flags["device"], data_dir=flags["data_dir"], resume=flags["resume"],
+                   overwrite=flags["overwrite"])
         return
-    if method is None or bench is None:
+    if flags["method"] is None or flags["bench"] is None:
         raise SpecbenchError("run needs --method and --bench (or --preset PRESET)")
 
-    same_named = {name: flags[name] for name in RunConfig.__dataclass_fields__ if name in flags}
-    converted = {"options": _parse_opts(opt, config), "attn_implementation": attn, "out": str(out) if out else None,
-                 "also": list(also), "chat_template_kwargs": parse_template_kwargs(list(chat_template_kwargs)),
-                 "config_file": str(config) if config else None}
-    cfg = RunConfig(**{**same_named, **converted})
+    cfg = RunConfig(**config_values(flags), options=_parse_opts(flags["opt"], config),
+                    config_file=str(config) if config else None)
     runner = Runner(cfg, err)
     records = runner.run()
     if not runner.world.main:
         return  # under torchrun rank 0 merges the parts and prints the summary
-    console.print(summary_table(records, temperature))
+    console.print(summary_table(records, cfg.temperature))
     if runner.skipped:
         err.print(f"[yellow]skipped {len(runner.skipped)} prompt(s) past the context window[/]")
     console.print(f"records: {runner.out}")
+
+
+def _run_command():
+    """`_run` with one Typer parameter per RunConfig flag (specbench/run/run_config.py) plus _RUN_ONLY."""
+    import functools
+    import inspect
+
+    from specbench.run.run_config import run_flags
+
+    params = []
+    for name, kind, default, spec in run_flags():
+        params.append((name, kind, typer.Option(default, *spec.names, help=spec.help)))
+        params += [(own, own_kind, info) for after, own, own_kind, info in _RUN_ONLY if after == name]
+
+    @functools.wraps(_run)
+    def run(**flags) -> None:
+        return _run(**flags)
+
+    del run.__wrapped__  # Typer must read the signature below, not _run's
+    run.__signature__ = inspect.Signature([inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=info,
+                                                             annotation=kind) for name, kind, info in params])
+    run.__annotations__ = {name: kind for name, kind, _ in params}
+    return run
+
+
+run = app.command(name="run")(_run_command())
 
 
 @app.command()

@@ -4,6 +4,7 @@ weights, and is what `specbench list methods NAME` and the train commands' help 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
@@ -150,13 +151,35 @@ def test_every_method_declares_help_for_every_option():
 
 
 def test_every_run_flag_reaches_the_run_config():
-    """`specbench run` hands its flags to RunConfig by name; a flag with no field of its name is one the
-    command converts itself (listed here), so a new flag cannot be dropped silently."""
+    """`specbench run`'s flags are RunConfig's fields (declared once, in run_config.py) plus the few the
+    command uses itself (listed here), so a new flag cannot be dropped silently."""
     import inspect
 
     from specbench.cli import run
     from specbench.run.runner import RunConfig
 
-    converted = {"opt", "config", "attn", "dry_run"}  # -> options, attn_implementation; dry_run: --preset only
+    own = {"opt", "config", "preset", "dry_run"}  # -> options / config_file; --preset runs a preset instead
+    flagged = {f.name for f in dataclasses.fields(RunConfig) if "flag" in f.metadata}
     flags = set(inspect.signature(run).parameters)
-    assert flags - set(RunConfig.__dataclass_fields__) == converted
+    assert flags == flagged | own
+    assert not {"options", "config_file"} & flags  # built from --opt/--config, never a flag of their own
+
+
+def test_run_flags_take_help_default_and_spelling_from_the_field():
+    import typer.main
+
+    from specbench.cli import app
+    from specbench.run.runner import RunConfig
+    from specbench.engine.target import DEFAULT_TARGET
+
+    command = typer.main.get_command(app).commands["run"]
+    params = {p.name: p for p in command.params}
+    for f in dataclasses.fields(RunConfig):
+        spec = f.metadata.get("flag")
+        if spec is None:
+            continue
+        assert params[f.name].help == spec.help, f.name
+    assert params["attn_implementation"].opts == ["--attn"]
+    assert set(params["method"].opts) == {"--method", "-m"} and params["method"].default is None
+    assert params["dtype"].default == "auto" and RunConfig(method="m", bench="b").dtype == "bfloat16"
+    assert RunConfig(method="m", bench="b").target == DEFAULT_TARGET == params["target"].default

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import warnings
 import zlib
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from rich.console import Console
@@ -40,6 +40,7 @@ from specbench.run.merge import find_parts, merge_runs, part_path, read_run, wri
 from specbench.engine.prompts import ChatFormat, render_chat
 from specbench.records import GenerationRecord
 from specbench.run.results import RunStore, config_hash, environment_metadata
+from specbench.run.run_config import RunConfig  # noqa: F401  (RunConfig is also imported from here)
 from specbench.run.streams import Query, build_queries, load_stream_prompts, stream_name
 from specbench.engine.target import _EMBEDDED as EMBEDDED, DEFAULT_TARGET, Target, check_attention, resolve_dtype
 from specbench.engine import VANILLA as BASELINE
@@ -47,68 +48,6 @@ from specbench.engine.verify import SamplingParams
 
 TREE_SLACK = 128  # room for a draft tree past max_new_tokens when checking the context window
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's placement strategies
-
-
-@dataclass
-class RunConfig:
-    method: str
-    bench: str
-    options: dict = field(default_factory=dict)
-    label: str | None = None
-    target: str = DEFAULT_TARGET
-    dtype: str = "bfloat16"
-    device: str = "cpu"
-    device_map: str | None = None  # "auto": accelerate spreads the target over the visible GPUs
-    attn_implementation: str = "sdpa"
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    max_new_tokens: int = 128
-    seed: int = 0
-    baseline: str = BASELINE  # "vanilla" or "none"
-    limit: int | None = None
-    sample: int | None = None
-    category: str | None = None
-    data_dir: str | None = None
-    system_prompt: str | None = None
-    on_long_prompt: str = "skip"  # or "fail"
-    out: str | None = None
-    resume: bool = False
-    overwrite: bool = False
-    warmup: bool = True
-    sweep: str | None = None  # "key=v1,v2,...": one side per value
-    also: list[str] = field(default_factory=list)  # more sides: "name" or "name@key=value@key=value"
-    passes: int = 1  # times the query stream is repeated (learning drafters keep their state)
-    preset: str | None = None  # the paper preset this run belongs to (written to the header; not in the hash)
-    target_revision: str | None = None  # hub revision of the target (or target "org/name@rev")
-    chat_template: str = "auto"  # auto | tokenizer | vicuna_v1.1 | plain (prompts.TEMPLATES)
-    chat_template_kwargs: dict = field(default_factory=dict)  # passed to apply_chat_template
-    repeats: int = 1  # times each prompt turn is generated and timed per side (the median one is reported)
-    budget: int | None = None  # drafted nodes per verify for every side with a budget option (Drafter.budget_option)
-    config_file: str | None = None  # --config: an input, so never the output (not in the identity)
-
-    @property
-    def method_label(self) -> str:
-        return self.label or self.method
-
-    def identity(self) -> dict:
-        """What determines the records (limit/sample/out/resume do not: a resume may extend a run)."""
-        keep = ("method", "bench", "options", "target", "dtype", "device", "attn_implementation", "temperature",
-                "top_k", "top_p", "max_new_tokens", "seed", "baseline", "category", "system_prompt", "sweep", "also",
-                "passes")
-        ident = {k: v for k, v in asdict(self).items() if k in keep}
-        ident["label"] = self.method_label
-        if self.device_map:  # only when set, so hashes of earlier runs stay valid
-            ident["device_map"] = self.device_map
-        # Prompt rendering and weights revisions; only when set, so earlier runs keep their hash.
-        for key, default in (("target_revision", None), ("chat_template", "auto"), ("chat_template_kwargs", {})):
-            if getattr(self, key) != default:
-                ident[key] = getattr(self, key)
-        if self.repeats != 1:  # only then, so files written before --repeats existed keep their hash
-            ident["repeats"] = self.repeats
-        if self.budget is not None:
-            ident["budget"] = self.budget
-        return ident
 
 
 @dataclass(frozen=True)
