@@ -33,6 +33,8 @@ from methods.checkpoints import read_published_weights  # whole or sharded weigh
 from methods.layers import (KV, DecoderLayer, LayerShapes, RMSNorm, Rotary, official_layer_shapes, repeat_kv,
                             target_layer_shapes)
 from methods.speculators_layout import is_speculators, speculators_eagle3, speculators_keys
+from methods.taps import check_taps, eagle3_taps
+from methods.tree_select import candidates_to_tree, select_nodes
 from specbench.engine.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
 from specbench.options import option
