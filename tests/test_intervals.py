@@ -132,8 +132,11 @@ def test_records_of_two_machines_are_split_one_machine_per_table(tmp_path: Path)
     assert all(other in line and HW not in line for line in mains[1].provenance)
     # m2 (0.5 s) is faster than m (1.0 s) but on another machine: never in one table, never bold against m
     assert not any(c.bold for _, rows in main.sections for row in rows for c in row)
-    written = {p.name for p in write_report(tmp_path, tmp_path / "out", paper_numbers=None, figures=False)}
+    written = {p.name for p in write_report(tmp_path, tmp_path / "out", paper_numbers=None)}
     assert {"main_table.md", "main_table_other-cpu-2-threads.md"} <= written
+    figures = {n for n in written if n.endswith(".png")}  # each machine's figures apart, by name
+    assert figures and {n for n in figures if n.endswith("_other-cpu-2-threads.png")} == \
+        {n.replace(".png", "_other-cpu-2-threads.png") for n in figures if "other-cpu" not in n}
     # one machine: plain names and titles, as before
     alone = build_report([tmp_path / "a.jsonl"], paper_numbers=None, reps=0)
     assert not alone.others and not alone.main.title.endswith(HW)

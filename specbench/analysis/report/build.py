@@ -149,10 +149,10 @@ def write_report(results_glob_or_paths: PathSpec = "results/*.jsonl", out_dir: s
             path.write_text(text, encoding="utf-8")
             written.append(path)
     figure_paths = []
-    if figures:  # the other machines' figures in a folder named by their hardware
+    if figures:  # the other machines' figures carry their hardware in the file name
         figure_paths = write_figures(report, out / "figures")
         for other in report.others:
-            figure_paths += write_figures(other, out / "figures" / machine_slug(other.hardware))
+            figure_paths += write_figures(other, out / "figures", f"_{machine_slug(other.hardware)}")
     written += figure_paths
     index = out / "index.html"
     index.write_text(render_index_html(report.tables, [p for p in figure_paths if p.suffix == ".png"]),

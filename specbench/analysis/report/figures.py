@@ -219,12 +219,13 @@ def save_figure(fig: Figure, stem: Path) -> list[Path]:
     return [png, pdf]
 
 
-def write_figures(report, out_dir: Path) -> list[Path]:
-    """All figures of all blocks into ``out_dir``; returns the written paths, sorted."""
+def write_figures(report, out_dir: Path, suffix: str = "") -> list[Path]:
+    """All figures of all blocks into ``out_dir``, ``suffix`` after each file stem (another machine's
+    hardware, so its figures never share a name with the first machine's); returns the written paths, sorted."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     with matplotlib.rc_context(_RC):
         for block in sorted(report.blocks):
             for kind, fig in block_figures(report, block).items():
-                written += save_figure(fig, out_dir / f"{kind}_{slug(block)}")
+                written += save_figure(fig, out_dir / f"{kind}_{slug(block)}{suffix}")
     return sorted(written)
