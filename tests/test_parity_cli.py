@@ -282,3 +282,34 @@ def test_parity_needs_one_method_or_all(capsys, tmp_path, monkeypatch):
 
 def test_all_takes_no_per_method_options(capsys, tmp_path, monkeypatch):
     assert "apply to one method" in refused(["--all", "--opt", "gamma=3"], capsys, tmp_path, monkeypatch)
+
+
+# ---- medusa: the reference's dense tree is the parity run's default -------------------------
+def test_medusa_reference_offers_a_dense_tree_it_can_run():
+    from methods.medusa import MedusaDrafter, resolve_choices
+    from methods.parity.medusa import DENSE_TOPK, MedusaLLM, dense_topk
+    from specbench.options import parse
+
+    choices = MedusaLLM.options["choices"]
+    assert dense_topk(resolve_choices(choices)) == list(DENSE_TOPK)
+    assert dense_topk(resolve_choices(parse(MedusaDrafter.Options, {}, "medusa").choices)) is None  # ours: sparse
+
+
+@pytest.mark.skipif(importlib.util.find_spec("medusa") is None,
+                    reason="FasterDecoding's medusa-llm is not installed (pip install -e '.[parity]')")
+def test_parity_medusa_runs_the_references_dense_tree_on_both_sides(models, tmp_path, capsys):
+    from methods.medusa import MedusaHeads, save_medusa
+    from methods.parity.medusa import MedusaLLM
+    from specbench.engine.target import Target
+
+    target = Target.load(models["target"], "float32", "cpu")
+    heads = MedusaHeads.for_target(target, num_heads=3)
+    folder = save_medusa(tmp_path / "heads", heads, target)
+    out = tmp_path / "parity" / "medusa_tiny.jsonl"
+    code, stdout, stderr = cli(["parity", "medusa", "--target", models["target"], "--opt", f"path={folder}",
+                                "--limit", "2", "--max-new-tokens", "10", "--out", str(out)], capsys)
+    assert code == 0, stderr  # without the adapter's default tree medusa-llm refuses our sparse default
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    header, records = lines[0], lines[1:]
+    assert header["method_options"]["choices"] == MedusaLLM.options["choices"]
+    assert len(records) == 2 and all(r["text_identical"] and r["accept_identical"] for r in records)

@@ -13,7 +13,8 @@ an equivalent model of the target, built with its own modules:
 * it reads ``config.rope_scaling['type']``, which transformers 5 configs no longer carry, and lists its
   tied weights the transformers-4 way (so the lm_head is loaded untied, from the target's).
 Its trees are dense (top-k_d of head d, every combination: ``medusa_choices=[1, k_1, ..., k_d]``),
-so our drafter must run the same dense tree (``--opt choices=<the rank paths>``, see ``dense_topk``).
+so our drafter must run the same dense tree: a parity run gives both sides ``DENSE_TOPK``'s tree unless
+``--opt choices=<the rank paths>`` names another dense one (see ``dense_topk``).
 Per-step accept lengths and the new tokens are read from the values its loop passes between its
 own functions (``evaluate_posterior``, ``update_inference_inputs``), not recomputed.
 """
@@ -68,6 +69,11 @@ def expand_gqa(state: dict[str, torch.Tensor], heads: int, kv_heads: int, head_d
     return out
 
 
+# The tree a parity run uses by default: our default (mc_sim_7b_63) is sparse, which medusa-llm cannot
+# run; top-4 of head 1 and top-2 of heads 2 and 3 is 28 nodes, near the size of Medusa's own sparse trees.
+DENSE_TOPK = (4, 2, 2)
+
+
 class MedusaLLM:
     name = "medusa"
     reference = "medusa-llm medusa_generate"
@@ -78,6 +84,8 @@ class MedusaLLM:
              "ours runs the same dense tree. By design it attends over full-size (repeated) keys/values, "
              "allocates a KV cache for the whole context window, decodes the text on every step and tests EOS in "
              "all new tokens every step.")
+
+    options = {"choices": dense_choices_json(DENSE_TOPK)}  # both sides, unless --opt choices= is given
 
     def version(self) -> str:
         return package_version("medusa-llm")
@@ -95,7 +103,7 @@ class MedusaLLM:
         topk = dense_topk(skeleton.paths)
         if topk is None:
             raise SpecbenchError("medusa: medusa-llm 0.1 runs dense trees only (top-k of each head, every "
-                                 "combination); pass e.g. --opt choices=" + dense_choices_json([4, 2, 2]))
+                                 "combination); pass e.g. --opt choices=" + dense_choices_json(DENSE_TOPK))
         if heads.num_layers != 1:
             raise SpecbenchError(f"medusa: medusa-llm stacks one shared ResBlock per head ([ResBlock] * layers); "
                                  f"these heads have {heads.num_layers} distinct ones")
