@@ -48,9 +48,6 @@ class SpSOptions:
                  "same, reset every turn.")
 
 
-SCHEDULES = ("fixed", "heuristic", "heuristic_transient")
-
-
 def next_length(length: int, accepted: int, drafted: int) -> int:
     """transformers' heuristic: 2 longer after a chain accepted whole, else 1 shorter (never below 1)."""
     return length + 2 if accepted == drafted else max(1, length - 1)
@@ -104,9 +101,7 @@ class SpSDrafter(Drafter):
         return spec.startswith("truncated:") or spec in _EMBEDDED
 
     def __init__(self, options: SpSOptions | None = None, model=None, tokenizer=None) -> None:
-        super().__init__(options)
-        if self.schedule not in SCHEDULES:
-            raise SpecbenchError(f"{self.name}: schedule={self.schedule!r} is not one of {', '.join(SCHEDULES)}")
+        super().__init__(options)  # the options' declaration refuses a schedule outside its Literal
         self.model, self.tokenizer = model, tokenizer
         self.length = getattr(self.options, "gamma", 1)  # the chain length of the next step
         if self.schedule == "heuristic":

@@ -109,3 +109,9 @@ def test_bad_schedule_is_one_line():
     with pytest.raises(SpecbenchError, match="schedule") as err:
         create_drafter("sps", {"schedule": "linear"})
     assert "\n" not in str(err.value)
+
+
+def test_bad_schedule_built_in_code_is_the_declarations_one_line():
+    with pytest.raises(SpecbenchError) as err:
+        SpSDrafter(SpSOptions(schedule="linear"))
+    assert "'fixed', 'heuristic', 'heuristic_transient'" in str(err.value) and "\n" not in str(err.value)
