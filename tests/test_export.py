@@ -159,13 +159,16 @@ def test_export_bad_input_is_one_line(models, smol, tmp_path, capsys):
     code, _, err = cli(["export", str(tmp_path / "missing.jsonl")], capsys)
     assert code == 2 and "does not exist" in err and err.strip().count("\n") == 0
     results = tmp_path / "run.jsonl"
-    write_results(results, str(tmp_path / "no-such-model"), sum(records(smol), []))
+    # The header names the categories, so the tokenizer is reached without the bench's files.
+    categories = {"spec_bench": {"field": "category", "values": {"81": "roleplay", "161": "qa", "241": "rag"}}}
+    write_results(results, str(tmp_path / "no-such-model"), sum(records(smol), []), categories)
     code, _, err = cli(["export", "--format", "csv", str(results)], capsys)
     assert code == 2 and "unknown export format 'csv'" in err
     code, _, err = cli(["export", str(results)], capsys)
     assert code == 2 and "cannot load the tokenizer" in err and not (tmp_path / "run_spec-bench").exists()
 
 
+@needs_data
 def test_tiny_run_exports_with_its_categories_and_true_counts(models, tmp_path, capsys):
     """A real run on two Spec-Bench translation questions, then export: the header names the categories, the
     answers carry them, and the exported counts are the records' (speed.py's recount differs only where a

@@ -45,6 +45,7 @@ def test_specblock_table1_dry_run_prints_the_papers_settings(capsys, tmp_path):
     assert not (tmp_path / "r").exists()  # a dry run writes nothing
 
 
+@needs_data
 def test_specblock_table1_harness_variant_keeps_the_released_values(capsys, tmp_path):
     code, out, _ = cli(["reproduce", "specblock-table1-harness", "--target", "meta-llama/Llama-3.1-8B-Instruct",
                         "--dry-run", "--out-dir", str(tmp_path / "r")], capsys)
@@ -56,6 +57,7 @@ def test_specblock_table1_harness_variant_keeps_the_released_values(capsys, tmp_
     assert "wmt23: 200 prompts, 200 turns (first 200; paper n=549)" in out and "(all 80; paper n=4000)" in out
 
 
+@needs_data
 def test_specblock_table1_runs_no_sps_or_medusa_where_table1_has_none(capsys, tmp_path):
     code, out, _ = cli(["reproduce", "specblock-table1", "--target", "Qwen/Qwen3-8B", "--dry-run",
                         "--out-dir", str(tmp_path / "r")], capsys)
@@ -65,6 +67,7 @@ def test_specblock_table1_runs_no_sps_or_medusa_where_table1_has_none(capsys, tm
     assert "sps: sps" not in out and "drafter sps" not in out
 
 
+@needs_data
 def test_dvi_table2_sps_is_assisted_generation_with_its_schedule(capsys, tmp_path):
     code, out, _ = cli(["reproduce", "dvi-table2", "--target", "lmsys/vicuna-7b-v1.3", "--dry-run",
                         "--out-dir", str(tmp_path / "r")], capsys)
@@ -197,6 +200,7 @@ def test_framing_follows_the_papers(tmp_path, monkeypatch):
     assert frame(Prompt("b", "1", ["a", "b"]), "{turn}!").turns == ["a!", "b!"]
 
 
+@needs_data
 def test_ddtree_alpaca_follows_ddtrees_loader(tmp_path, monkeypatch):
     """DDTree's load_and_process_dataset('alpaca'): tatsu-lab/alpaca train rows, 'instruction\\n\\nInput:\\ninput'
     when there is an input, else the instruction; then shuffle(seed=0).select(128). The rows here stand in for
