@@ -404,11 +404,18 @@ def test_dflash_published_logit_and_embedding_knobs(cache, tmp_path):
     assert torch.allclose(model.logits(h), torch.tanh(plain * 0.5 / 3.0) * 3.0, atol=1e-5)
     ids = torch.tensor([1, 2])
     assert torch.allclose(model.embed(ids), 2.0 * dtarget.model.get_input_embeddings()(ids))
+    # is_causal: z-lab's attention reads the config attribute, not dflash_config, so only a top-level one
+    # makes every layer causal (tests/test_dflash_layouts.py checks the masks themselves).
     raw["dflash_config"]["is_causal"] = True
     (build / "config.json").write_text(json.dumps(raw))
+    publish(cache, "z-lab/Tiny-DFlash-causal-ignored", build)
+    model = ready(DFlashDrafter(DFlashOptions(path="z-lab/Tiny-DFlash-causal-ignored")), dtarget).model
+    assert model.config.layer_attention(0) == (False, 0)
+    raw["is_causal"] = True
+    (build / "config.json").write_text(json.dumps(raw))
     publish(cache, "z-lab/Tiny-DFlash-causal", build)
-    with pytest.raises(SpecbenchError, match="is_causal"):
-        ready(DFlashDrafter(DFlashOptions(path="z-lab/Tiny-DFlash-causal")), dtarget)
+    model = ready(DFlashDrafter(DFlashOptions(path="z-lab/Tiny-DFlash-causal")), dtarget).model
+    assert model.config.layer_attention(0) == (True, 0)
 
 
 def test_vicuna_target_without_template_renders_fastchat(models, tmp_path):

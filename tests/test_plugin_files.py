@@ -89,7 +89,8 @@ def test_drafter_option_is_the_weights_option_the_method_adds():
 def test_the_shipped_presets_and_claims_are_found():
     assert {"specblock-table1", "ddtree-table1", "pacer-table1", "dvi-table2"} <= set(preset_names())
     claims = load_claims()
-    assert len(claims) == 10 and claims[0].text == "SpecBlock faster than EAGLE-3"  # the table's order
+    assert len(claims) == 14 and claims[0].text == "SpecBlock faster than EAGLE-3"  # the table's order
+    assert "lookahead faster than vanilla" in [c.text for c in claims]  # the training-free methods' claims too
     assert "PACER with t tuned for the pair faster than the best fixed γ" in [c.text for c in claims]
     plan = build_plan("pacer-table1", "x/y", max_new_tokens=8, drafters={"pacer": "/p", "sps": "/s"})
     assert {s.label: s.options for s in plan.sides}["pacer"]["pacer"] == "/p"
