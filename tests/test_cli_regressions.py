@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bench_data import needs_data
 from specbench.engine.target import Target
 from test_cli import cli
 
@@ -59,6 +60,7 @@ def test_unicode_line_separator_in_a_value(capsys):  # NEL (\x85) split the line
     one_line_error(RUN + ["--data-dir", "a\x85b"], capsys, "a\\x85b is not a folder")
 
 
+@needs_data  # train reads its default prompt file (train_prompts/) before it checks --out
 def test_path_name_too_long(tmp_path, capsys):  # was OSError (ENAMETOOLONG) from pathlib
     one_line_error(["train", "specblock", "--out", "a" * 300], capsys, "File name too long")
     one_line_error(RUN + ["--out", "b" * 300], capsys, "File name too long")
