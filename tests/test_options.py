@@ -19,6 +19,7 @@ from specbench.options import option
 from specbench.engine.target import Target
 from specbench.engine.tree import DraftTree
 from test_cli import cli
+from test_cli_regressions import one_line_error  # the one-line-error check the regressions use
 
 
 @dataclass
@@ -41,15 +42,6 @@ def shift():
     cls = registry.register("shift-test")(ShiftDrafter)
     yield cls
     registry._LOCAL.pop("shift-test", None)
-
-
-def one_line_error(args, capsys, *needles):
-    code, _, err = cli(args, capsys)
-    assert code == 2, err
-    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
-    for needle in needles:
-        assert needle in err, (needle, err)
-    return err
 
 
 def test_negative_values_follow_the_declared_range(shift):
