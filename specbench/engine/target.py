@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 
 from specbench.engine import kvcache, split_verify
+from specbench.engine.packaged import PACKAGED, locate_packaged
 from specbench.errors import SpecbenchError
 from specbench.engine.timing import NULL_TIMER, PhaseTimer
 from specbench.engine.tree import DraftTree, verify_visibility
@@ -143,10 +144,10 @@ def locate_model(spec: str, revision: str | None = None, what: str = "model") ->
     (``org/name[@rev]``, downloaded or taken from the HF cache) with the commit it resolved to."""
     from specbench.engine import hub
 
-    if spec in _EMBEDDED:
+    if spec in _EMBEDDED or spec in PACKAGED:
         if revision:
-            raise SpecbenchError(f"{spec!r} is the embedded model; --target-revision applies to hub ids only")
-        return hub.Resolved(spec, embedded_gguf(spec))
+            raise SpecbenchError(f"{spec!r} is a named model file; --target-revision applies to hub ids only")
+        return hub.Resolved(spec, embedded_gguf(spec) if spec in _EMBEDDED else locate_packaged(spec))
     name = hub.split_reference(spec, revision)[0]
     if spec.endswith(".gguf") and not Path(name).expanduser().is_file():
         raise SpecbenchError(f"model file {spec} does not exist; pass an existing .gguf path")

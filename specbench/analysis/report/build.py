@@ -17,7 +17,8 @@ from specbench.analysis.report.method_tables import registered_tables
 from specbench.analysis.report.names import Block, MethodInfo
 from specbench.analysis.report.papers import (DEFAULT_PAPER_NUMBERS, load_paper_numbers, paper_comparison_table, paper_files,
                                      paper_metric_table)
-from specbench.analysis.report.records import PathSpec, ResultFile, block_records, block_sides, load_result_files
+from specbench.analysis.report.records import (PathSpec, ResultFile, apart_dtypes, block_records, block_sides,
+                                              load_result_files)
 from specbench.analysis.report.checks import aa_labels, aa_table, divergence_table, machine_slug, split_by_machine, without_aa
 from specbench.analysis.report.cost import block_curves, cost_table
 from specbench.analysis.report.render import (flat_headers, render_csv, render_index_html, render_latex,
@@ -78,7 +79,7 @@ def build_report(results: PathSpec, paper_numbers: str | Path | Sequence[Path] |
     One machine per table: the files are split by their header's hardware (checks.split_by_machine) and every
     table is built from one machine's files only; the machine with the most files is the returned report,
     the others hang off its ``others``."""
-    machines = split_by_machine(load_result_files(results))
+    machines = [(hw, apart_dtypes(files)) for hw, files in split_by_machine(load_result_files(results))]
     reports = [machine_report(files, hardware, paper_numbers, reps, seed) for hardware, files in machines]
     if len(reports) > 1:
         name_apart(reports)

