@@ -24,7 +24,14 @@ orders, so their errors are independent and add like a random walk: a logit carr
 
     δ_side = √(2L + 2) · u · (|l[a]| + |l[b]|);
 
-the divergence is a near-tie when
+where |l| is floored at the row's scale S, the RMS of the whole logit row at that position. A logit is a dot
+product h·w of the final hidden state and a vocabulary row: the rounding carried by h reaches every logit with
+a size set by |h|·|w| (what S measures), not by the logit itself, which cancellation can bring near 0. With
+|l| alone, a flip between two logits near 0.9 (Natural Questions, SmolLM2-135M in bf16 on a Xeon with AMX) got
+δ = 0.11 while the same turn's forwards disagreed by 0.22 on tokens both committed; with the floor at S the
+large logits of most rows keep their old δ.
+
+The divergence is a near-tie when
 
     m + v ≤ δ_method + δ_vanilla,
 
@@ -45,7 +52,7 @@ renders its own earlier answers), so its tokens are not compared: it takes the e
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 import torch
@@ -63,16 +70,22 @@ class TopLogits:
 
     ids: list[list[int]]
     values: list[list[float]]
+    scales: list[float] = field(default_factory=list)  # RMS of each row's logits (the rounding's scale)
 
     @classmethod
-    def from_rows(cls, rows: Sequence[tuple[torch.Tensor, torch.Tensor]], n: int) -> "TopLogits":
-        """From the engine's per-step (values, ids) tensors, on any device: one copy to the host, cut to
-        the record's ``n`` new tokens."""
+    def from_rows(cls, rows: Sequence[tuple[torch.Tensor, ...]], n: int) -> "TopLogits":
+        """From the engine's per-step (values, ids, scales) tensors (``top_rows``), on any device: one copy
+        to the host, cut to the record's ``n`` new tokens."""
         if not rows:
             return cls([], [])
-        values = torch.cat([v for v, _ in rows]).float().cpu()[:n]
-        ids = torch.cat([i for _, i in rows]).cpu()[:n]
-        return cls(ids.tolist(), values.tolist())
+        values = torch.cat([row[0] for row in rows]).float().cpu()[:n]
+        ids = torch.cat([row[1] for row in rows]).cpu()[:n]
+        scales = torch.cat([row[2] for row in rows]).float().cpu()[:n].tolist() if len(rows[0]) > 2 else []
+        return cls(ids.tolist(), values.tolist(), scales)
+
+    def scale(self, position: int) -> float:
+        """The RMS of the logit row at ``position`` (0 when not kept)."""
+        return self.scales[position] if position < len(self.scales) else 0.0
 
     def logit(self, position: int, token: int) -> float | None:
         """The logit of ``token`` at ``position``, or None when it is not among the K best there."""
@@ -80,10 +93,12 @@ class TopLogits:
         return self.values[position][ids.index(token)] if token in ids else None
 
 
-def top_rows(logits: torch.Tensor, k: int = TOP_K) -> tuple[torch.Tensor, torch.Tensor]:
-    """(values, ids) of the k best logits of each row; stays on the logits' device (no host sync)."""
-    out = torch.topk(logits.detach(), min(k, logits.shape[-1]), dim=-1)
-    return out.values, out.indices
+def top_rows(logits: torch.Tensor, k: int = TOP_K) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(values, ids) of the k best logits of each row and the row's RMS; stays on the logits' device (no
+    host sync)."""
+    logits = logits.detach()
+    out = torch.topk(logits, min(k, logits.shape[-1]), dim=-1)
+    return out.values, out.indices, logits.float().square().mean(dim=-1).sqrt()
 
 
 def unit_roundoff(dtype: str | torch.dtype) -> float:
@@ -108,9 +123,10 @@ def layers_of(model) -> int:
     return int(getattr(config, "num_hidden_layers", 0) or 0)
 
 
-def tolerance(dtype: str | torch.dtype, a: float, b: float, layers: int) -> float:
-    """δ of one side: the rounding its gap l[a] − l[b] can carry in ``dtype`` after ``layers`` layers."""
-    return roundings(layers) * unit_roundoff(dtype) * (abs(a) + abs(b))
+def tolerance(dtype: str | torch.dtype, a: float, b: float, layers: int, scale: float = 0.0) -> float:
+    """δ of one side: the rounding its gap l[a] − l[b] can carry in ``dtype`` after ``layers`` layers, each
+    logit's size floored at its row's RMS ``scale``."""
+    return roundings(layers) * unit_roundoff(dtype) * (max(abs(a), scale) + max(abs(b), scale))
 
 
 def first_difference(ours: Sequence[int], theirs: Sequence[int]) -> int | None:
@@ -165,11 +181,13 @@ def classify(method_tokens: Sequence[int], vanilla_tokens: Sequence[int], method
     a, b = int(method_tokens[i]), int(vanilla_tokens[i])
     m, m_exact, ma, mb = _margin(method_top, i, a, b)
     v, v_exact, vb, va = _margin(vanilla_top, i, b, a)
-    delta = tolerance(dtype, ma, mb, layers) + tolerance(dtype, va, vb, layers) if m_exact and v_exact else math.nan
+    ms, vs = method_top.scale(i), vanilla_top.scale(i)
+    delta = (tolerance(dtype, ma, mb, layers, ms) + tolerance(dtype, va, vb, layers, vs)
+             if m_exact and v_exact else math.nan)
     near = m_exact and v_exact and m + v <= delta
     return {"status": NEAR_TIE if near else UNEXPLAINED, "position": i, "method_token": a, "vanilla_token": b,
             "method_margin": m, "vanilla_margin": v, "method_margin_exact": m_exact, "vanilla_margin_exact": v_exact,
-            "tolerance": delta, "roundings": roundings(layers), **out}
+            "method_scale": ms, "vanilla_scale": vs, "tolerance": delta, "roundings": roundings(layers), **out}
 
 
 def inherited(earlier: dict, turn: int) -> dict:

@@ -121,3 +121,29 @@ def test_run_records_and_summarises_divergence(models, tmp_path, capsys):
     assert len(sps) == 3 and all(r["divergence"]["status"] == "identical" for r in sps)  # fp32: lossless
     assert all(r["divergence"] is None for r in records if r["method"] == "vanilla")
     assert "top_logits" not in records[0]  # the logits stay in memory
+
+
+def test_small_logits_are_floored_at_their_rows_scale():
+    """A flip between two logits near 0.9 in a row whose logits have RMS 8: each logit carries the rounding of
+    |h|·|w| (the row's scale), not of its own small size (found on Natural Questions in bf16 on a Xeon)."""
+    vanilla = TopLogits([[5, 7, 1, 2]], [[0.95, 0.845, 0.0, -1.0]], [8.0])
+    method = TopLogits([[7, 5, 1, 2]], [[0.87, 0.845, 0.0, -1.0]], [8.0])
+    out = classify([7], [5], method, vanilla, "bfloat16", 30)
+    assert out["status"] == NEAR_TIE and out["method_scale"] == out["vanilla_scale"] == 8.0
+    assert out["tolerance"] == pytest.approx(62 ** 0.5 * 2**-8 * 32)
+    unscaled = classify([7], [5], TopLogits(method.ids, method.values), TopLogits(vanilla.ids, vanilla.values),
+                        "bfloat16", 30)
+    assert unscaled["status"] == UNEXPLAINED  # the logits' own size allows only 0.1
+    # a margin of whole logits stays unexplained whatever the scale
+    far = TopLogits([[7, 5, 1, 2]], [[4.0, 0.95, 0.0, -1.0]], [8.0])
+    assert classify([7], [5], far, vanilla, "bfloat16", 30)["status"] == UNEXPLAINED
+    # the scale never shrinks δ below the logits' own size
+    assert divergence.tolerance("bfloat16", 20.0, -20.0, 30, scale=8.0) == pytest.approx(62 ** 0.5 * 40 * 2**-8)
+
+
+def test_top_rows_keep_each_rows_rms():
+    logits = torch.tensor([[3.0, -4.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0, 1.0]])
+    values, ids, scales = divergence.top_rows(logits, k=2)
+    assert ids[0].tolist() == [0, 2] and scales.tolist() == pytest.approx([5.0 / 5 ** 0.5, 1.0])
+    top = TopLogits.from_rows([(values, ids, scales)], n=2)
+    assert top.scale(0) == pytest.approx(5.0 / 5 ** 0.5) and top.scale(7) == 0.0

@@ -427,3 +427,17 @@ def test_ddtree_dflash_row_is_the_faster_attention(tmp_path: Path, fa2_verify: f
     assert list(ours.method) == [faster]  # one DFlash row, the faster side's
     assert any(n.startswith(f"dflash × humaneval: the faster attention implementation is the {faster} side")
                for n in report.papers.notes)
+
+
+def test_one_target_in_two_dtypes_on_one_machine_gets_two_sections_never_pooled(tmp_path):
+    """bf16 and fp32 runs of the same target on the same machine are two settings: each dtype its own section."""
+    write_jsonl(tmp_path / "fp32.jsonl", method_records("sps") + vanilla_records(), dtype="float32")
+    write_jsonl(tmp_path / "bf16.jsonl", method_records("sps", quality=3) + vanilla_records(), dtype="bf16")
+    report = build_report(tmp_path, reps=0)
+    assert [label for label, _ in report.main.sections] == ["smollm2-135m · bfloat16 · T = 0",
+                                                            "smollm2-135m · float32 · T = 0"]
+    sps = report.cells[report.cells.method == "sps"].groupby("target")["tau"].mean()
+    assert sps["smollm2-135m · bfloat16"] > sps["smollm2-135m · float32"]  # each section holds its own records
+    # One dtype per target: the plain label, as before
+    (tmp_path / "bf16.jsonl").unlink()
+    assert [label for label, _ in build_report(tmp_path, reps=0).main.sections] == ["smollm2-135m · T = 0"]
