@@ -212,7 +212,7 @@ def slug(block: Block) -> str:
 
 def save_figure(fig: Figure, stem: Path) -> list[Path]:
     """PNG and PDF without creation dates or version stamps, so reruns give the same bytes."""
-    png, pdf = stem.with_suffix(".png"), stem.with_suffix(".pdf")
+    png, pdf = stem.with_name(stem.name + ".png"), stem.with_name(stem.name + ".pdf")  # a stem may hold dots
     fig.savefig(png, format="png", metadata={"Software": None})
     fig.set_layout_engine("none")  # keep the layout the PNG solved; solving it again costs as much as drawing
     fig.savefig(pdf, format="pdf", metadata={"CreationDate": None, "Producer": None, "Creator": None})
