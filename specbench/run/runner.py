@@ -42,8 +42,7 @@ from specbench.records import GenerationRecord
 from specbench.run.results import RunStore, config_hash, environment_metadata
 from specbench.run.run_config import RunConfig  # noqa: F401  (RunConfig is also imported from here)
 from specbench.run.streams import Query, build_queries, load_stream_prompts, stream_name
-from specbench.engine.packaged import PACKAGED
-from specbench.engine.target import _EMBEDDED as EMBEDDED, DEFAULT_TARGET, Target, check_attention, resolve_dtype
+from specbench.engine.target import DEFAULT_TARGET, Target, check_attention, named_model, resolve_dtype
 from specbench.engine import VANILLA as BASELINE
 from specbench.engine.verify import SamplingParams
 
@@ -146,7 +145,7 @@ def validate(cfg: RunConfig) -> None:
         resolve_dtype(cfg.dtype)
     check_data_dir_option(cfg.data_dir)
     ChatFormat(cfg.chat_template, cfg.chat_template_kwargs)
-    if cfg.target not in EMBEDDED and cfg.target not in PACKAGED and not cfg.target.endswith(".gguf"):  # folder or hub id
+    if not named_model(cfg.target) and not cfg.target.endswith(".gguf"):  # a folder or a well-formed hub id
         hub.check_reference(cfg.target, cfg.target_revision, "target")
     elif cfg.target_revision:
         raise SpecbenchError(f"--target-revision applies to hub ids; {cfg.target!r} is not one")

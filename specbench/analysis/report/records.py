@@ -42,9 +42,11 @@ def apart_dtypes(files: Sequence[ResultFile]) -> list[ResultFile]:
     """One machine's files, those of a target and temperature that ran in several dtypes with the dtype in their
     block ("smollm2-135m · bfloat16"): a dtype is a setting of its own (other costs, and bf16 text may differ from
     vanilla's by near-ties), so its rows never pool with another dtype's. One dtype per target: unchanged."""
-    def dtype(f: ResultFile) -> str:
+    from specbench.engine.target import DTYPES
+
+    def dtype(f: ResultFile) -> str:  # one name per dtype ("bf16" and "bfloat16" alike)
         name = str(f.meta.get("dtype") or "?")
-        return {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}.get(name, name)
+        return str(DTYPES[name]).removeprefix("torch.") if name in DTYPES else name
 
     dtypes: dict[Block, set[str]] = {}
     for f in files:
