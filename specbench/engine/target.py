@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 
 from specbench.engine import kvcache, split_verify
-from specbench.engine.packaged import PACKAGED, cache_dir, locate_packaged  # noqa: F401 (cache_dir re-exported)
+from specbench.engine.packaged import PACKAGED, cache_dir, locate_packaged
 from specbench.errors import SpecbenchError
 from specbench.engine.timing import NULL_TIMER, PhaseTimer
 from specbench.engine.tree import DraftTree, verify_visibility

@@ -18,7 +18,8 @@ from specbench.run.benchmarks import Prompt
 from specbench.errors import SpecbenchError
 from specbench.run.merge import find_parts, part_path
 from specbench.engine.prompts import render_chat
-from specbench.engine.target import Target, cache_dir
+from specbench.engine.packaged import cache_dir
+from specbench.engine.target import Target
 from specbench.training.checkpoint import vocab_fingerprint
 
 DEFAULT_PROMPTS = "train_prompts/sharegpt_first_turns.jsonl"  # relative to the data dir

@@ -126,7 +126,7 @@ def fit_features(target, examples: list[dict], module, loss_fn, taps: list[int],
                  recipe: Recipe, options, data_file: Path) -> dict:
     """``fit`` over TrainBatches of regenerated examples with the target's ``taps`` (on the fly, or
     from the fp16 feature cache with ``options.cache_features``)."""
-    from specbench.engine.target import cache_dir
+    from specbench.engine.packaged import cache_dir
     from specbench.training.features import FeatureCache, iterate_batches
 
     length = recipe.max_length
