@@ -111,6 +111,30 @@ def test_bold_needs_the_runner_up_in_the_same_file(tmp_path: Path):
     assert cell.startswith("2.00× [") and cell.endswith("(n=8)")
 
 
+def test_the_mean_pools_the_mission_benches_only(tmp_path: Path):
+    """A method that also ran CNN/DM (the copy claims' extra bench) keeps a Mean over the mission benches, so
+    it compares with methods that did not; a method of the extra bench alone has no Mean, and the table says
+    which benches stand outside it."""
+    main = [r for p in range(8) for r in (rec("vanilla", f"p{p}", 2.0, bench="humaneval"),
+                                          rec("a", f"p{p}", 1.0, bench="humaneval"),
+                                          rec("b", f"p{p}", 1.25, bench="humaneval"))]
+    copy = [r for p in range(8) for r in (rec("vanilla", f"c{p}", 2.0, bench="cnn_dailymail"),
+                                          rec("a", f"c{p}", 0.25, bench="cnn_dailymail"),
+                                          rec("c", f"c{p}", 0.5, bench="cnn_dailymail"))]
+    write(tmp_path / "main.jsonl", main)
+    write(tmp_path / "copy.jsonl", copy)
+    report = build_report(tmp_path, paper_numbers=None, reps=200)
+    data = report.main.data.set_index("method")
+    assert data.at["a", "cnn_dailymail_spd"] == pytest.approx(8.0)  # the extra bench keeps its column
+    assert data.at["a", "mean_spd"] == pytest.approx(2.0) and data.at["b", "mean_spd"] == pytest.approx(1.6)
+    assert data.at["a", "mean_spd_lo"] <= 2.0 <= data.at["a", "mean_spd_hi"] < 8.0  # its interval: HumanEval only
+    assert math.isnan(data.at["c", "mean_spd"]) and math.isnan(data.at["c", "mean_spd_lo"])
+    mean_cell = {row[0].text: row[-6].text for _, rows in report.main.sections for row in rows}
+    assert mean_cell["a"].endswith("(n=8)") and mean_cell["c"] == "—"
+    assert ("Mean = over HumanEval only; CNN/DM stands outside it, so a method's Mean does not depend on whether it "
+            "ran CNN/DM") in report.main.notes
+
+
 def test_records_of_two_machines_are_split_one_machine_per_table(tmp_path: Path):
     """Files of two machines: every table holds one machine's files; the machine with the most files keeps the
     plain names, a kind both machines have takes the other's hardware as a suffix; nothing ranks across."""

@@ -16,7 +16,7 @@ from specbench.run.machine_load import flagged_keys
 from specbench.analysis.orderings import units
 from specbench.analysis.paired import percentile_interval, resampled_sums, significant_best
 from specbench.records import GenerationRecord
-from specbench.analysis.report.names import MEAN, VANILLA, Block, bench_key, is_stream
+from specbench.analysis.report.names import MEAN, VANILLA, Block, bench_key, is_stream, mean_benches
 from specbench.analysis.report.records import ResultFile, files_by_block
 
 BOOTSTRAP_REPS = 1000
@@ -104,14 +104,14 @@ MEAN_COLUMNS = ["target", "temperature", "method", "n_conversations", "mean_spd_
 
 def mean_frame(blocks: dict[Block, list[GenerationRecord]], reps: int = BOOTSTRAP_REPS,
                seed: int = BOOTSTRAP_SEED) -> pd.DataFrame:
-    """Per (block, method): intervals of the main table's Mean columns (mean over the benches the method ran
-    of Spd and of τ) and the conversations behind them."""
+    """Per (block, method): intervals of the main table's Mean columns (mean of Spd and of τ over the mean
+    benches the method ran, names.mean_benches) and the conversations behind them."""
     rows = []
     for block, recs in sorted(blocks.items()):
         groups: dict[tuple[str, str], list[GenerationRecord]] = {}
         for r in recs:
             groups.setdefault((r.method, r.bench), []).append(r)
-        benches = sorted({r.bench for r in recs}, key=bench_key)
+        benches = mean_benches(r.bench for r in recs)
         for method in sorted({r.method for r in recs} - {VANILLA}):
             mine = [(i, groups[(method, b)], groups.get((VANILLA, b), [])) for i, b in enumerate(benches)
                     if (method, b) in groups]
@@ -203,8 +203,9 @@ def missing_reasons(cells: pd.DataFrame) -> dict[tuple[str, float, str, str], st
 
 
 def mean_over_benches(cells: pd.DataFrame, column: str, benches: Iterable[str] | None = None) -> pd.Series:
-    """Mean of a per-bench value over the benches a method has (NaN cells skipped), per (block, method)."""
-    part = cells if benches is None else cells[cells.bench.isin(list(benches))]
+    """Mean of a per-bench value over the benches a method has (NaN cells skipped), per (block, method); by
+    default over the mean benches of ``cells`` (names.mean_benches), as the main table's Mean."""
+    part = cells[cells.bench.isin(mean_benches(cells.bench) if benches is None else list(benches))]
     return part.groupby(["target", "temperature", "method"], sort=True)[column].mean()
 
 
@@ -247,15 +248,15 @@ def significant_cells(files: Sequence[ResultFile], reps: int = BOLD_REPS, seed: 
                       streams: bool = False) -> frozenset:
     """(target, T, method, bench or 'mean') whose speedup is the column's best with a paired bootstrap interval
     (over conversations) against the runner-up of the same file above 1 (``paired.significant_best``; a
-    runner-up from another file: no bold), over the single benchmarks (or, with
-    ``streams``, the mixed streams; 'mean' pools the benches of that kind); nothing when ``reps`` is 0."""
+    runner-up from another file: no bold), over the single benchmarks (or, with ``streams``, the mixed streams;
+    'mean' pools the mean benches of that kind, names.mean_benches); nothing when ``reps`` is 0."""
     if not reps:
         return frozenset()
     out = set()
     for block, group in files_by_block(files).items():
         labels = sorted({r.method for f in group for r in f.records} - {VANILLA})
         benches = sorted({r.bench for f in group for r in f.records if is_stream(r.bench) == streams})
-        columns = [(bench, [bench]) for bench in benches] + ([(MEAN, benches)] if benches else [])
+        columns = [(bench, [bench]) for bench in benches] + ([(MEAN, mean_benches(benches))] if benches else [])
         for column, pooled in columns:
             # Keys name the file: a best and a runner-up from different runs share no key, so no bold.
             sides = {label: {key: row for b in pooled for key, row in units(group, label, b, True).items()}

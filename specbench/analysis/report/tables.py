@@ -9,7 +9,8 @@ from typing import Mapping, Sequence
 import pandas as pd
 
 from specbench.run.machine_load import MARK, TURN_LOAD
-from specbench.analysis.report.names import MEAN, VANILLA, Block, MethodInfo, bench_key, bench_label, block_label, budget_of
+from specbench.analysis.report.names import (MEAN, VANILLA, Block, MethodInfo, bench_key, bench_label, block_label,
+                                             budget_of, mean_benches)
 from specbench.analysis.report.records import ResultFile, files_by_block
 from specbench.analysis.report.stats import (BOLD_REPS, CELL_COLUMNS, MEAN_COLUMNS, half_width, mean_over_benches,
                                     missing_reasons)
@@ -59,7 +60,7 @@ def main_table(cells: pd.DataFrame, methods: pd.DataFrame, provenance: Sequence[
     load; ``means``: stats.mean_frame, the Mean columns' intervals."""
     return _speedup_table("main_table", "Speedup (Spd) over vanilla and mean accepted length τ per benchmark",
                           "Spd [95% interval] (n=conversations) = end-to-end speedup over the same file's vanilla; "
-                          "Mean = mean over the benchmarks each method ran (n summed; mixed streams are in "
+                          "Mean = mean over the mission benchmarks each method ran (n summed; mixed streams are in "
                           "streams_table)", cells, methods, provenance, bold, loaded, means, aa)
 
 
@@ -121,11 +122,12 @@ def _speedup_table(name: str, title: str, spd_note: str, cells: pd.DataFrame, me
                    provenance: Sequence[str], bold: frozenset, loaded: frozenset,
                    means: pd.DataFrame | None = None, aa: bool = True) -> Table:
     benches = sorted(cells.bench.unique(), key=bench_key)
+    pooled = mean_benches(benches)
     columns, groups = _bench_groups(benches, ["Method"])
     columns += ["Spd", "τ", "Ideal", "Eff.", "T_D%", "Greedy"]
     groups += [("Mean", 4), ("", 2)]
-    mean_spd, mean_tau = mean_over_benches(cells, "speedup"), mean_over_benches(cells, "tau")
-    mean_ideal, mean_eff = mean_over_benches(cells, "ideal_speedup"), mean_over_benches(cells, "efficiency")
+    pooled_means = {column: mean_over_benches(cells, column).to_dict()
+                    for column in ("speedup", "tau", "ideal_speedup", "efficiency")}
     per_method = methods.set_index(["target", "temperature", "method"])
     mean_ci = (means if means is not None else pd.DataFrame(columns=MEAN_COLUMNS)).set_index(
         ["target", "temperature", "method"])
@@ -146,25 +148,27 @@ def _speedup_table(name: str, title: str, spd_note: str, cells: pd.DataFrame, me
                 spd, tau, n = part.at[bench, "speedup"], part.at[bench, "tau"], part.at[bench, "n_prompts"]
                 lo, hi = part.at[bench, "speedup_lo"], part.at[bench, "speedup_hi"]
                 tlo, thi = part.at[bench, "tau_lo"], part.at[bench, "tau_hi"]
-                n_all += int(n) if finite(spd) else 0
+                n_all += int(n) if finite(spd) and bench in pooled else 0
                 row += [Cell(_spd_cell(spd, lo, hi, n, (*key, bench) in loaded), (*key, bench) in bold),
                         Cell(fmt_ci(fmt_tau(tau), tlo, thi, fmt_tau))]
                 data.update({f"{bench}_spd": spd, f"{bench}_spd_lo": lo, f"{bench}_spd_hi": hi, f"{bench}_tau": tau,
                              f"{bench}_tau_lo": tlo, f"{bench}_tau_hi": thi, f"{bench}_n": n})
             greedy, greedy_n = per_method.at[key, "greedy_match"], per_method.at[key, "greedy_n"]
-            any_loaded = any((*key, b) in loaded for b in benches)
-            row += [Cell(_spd_cell(mean_spd[key], mean_of(key, "mean_spd_lo"), mean_of(key, "mean_spd_hi"), n_all,
+            any_loaded = any((*key, b) in loaded for b in pooled)
+            # A method that ran none of the pooled benches has no Mean (NaN, printed as a dash).
+            mean_spd, mean_tau, mean_ideal, mean_eff = (pooled_means[c].get(key, math.nan) for c in pooled_means)
+            row += [Cell(_spd_cell(mean_spd, mean_of(key, "mean_spd_lo"), mean_of(key, "mean_spd_hi"), n_all,
                                    any_loaded), (*key, MEAN) in bold),
-                    Cell(fmt_ci(fmt_tau(mean_tau[key]), mean_of(key, "mean_tau_lo"), mean_of(key, "mean_tau_hi"),
+                    Cell(fmt_ci(fmt_tau(mean_tau), mean_of(key, "mean_tau_lo"), mean_of(key, "mean_tau_hi"),
                                 fmt_tau)),
-                    Cell(fmt_spd(mean_ideal[key])), Cell(fmt_pct(mean_eff[key])),
+                    Cell(fmt_spd(mean_ideal)), Cell(fmt_pct(mean_eff)),
                     Cell(fmt_pct(per_method.at[key, "td"])),
                     Cell(f"{fmt_pct(greedy)} ({int(greedy_n)})" if greedy_n else DASH)]
-            data.update(mean_spd=mean_spd[key], mean_spd_lo=mean_of(key, "mean_spd_lo"),
-                        mean_spd_hi=mean_of(key, "mean_spd_hi"), mean_tau=mean_tau[key],
+            data.update(mean_spd=mean_spd, mean_spd_lo=mean_of(key, "mean_spd_lo"),
+                        mean_spd_hi=mean_of(key, "mean_spd_hi"), mean_tau=mean_tau,
                         mean_tau_lo=mean_of(key, "mean_tau_lo"), mean_tau_hi=mean_of(key, "mean_tau_hi"),
-                        mean_ideal_spd=mean_ideal[key],
-                        mean_efficiency=mean_eff[key], td_percent=100 * per_method.at[key, "td"],
+                        mean_ideal_spd=mean_ideal,
+                        mean_efficiency=mean_eff, td_percent=100 * per_method.at[key, "td"],
                         greedy_match=greedy, greedy_n=greedy_n, under_load=any_loaded)
             rows.append(row)
             records.append(data)
@@ -177,6 +181,10 @@ def _speedup_table(name: str, title: str, spd_note: str, cells: pd.DataFrame, me
              "(another run) leaves the column without bold",
              _ideal_note(cells),
              "Greedy = share of T = 0 turns (n) whose text equals vanilla's token for token"]
+    if outside := [bench_label(b) for b in benches if b not in pooled]:
+        notes.append(f"Mean = over {', '.join(map(bench_label, pooled))} only; {', '.join(outside)} "
+                     f"{'stands' if len(outside) == 1 else 'stand'} outside it, so a method's Mean does not depend on "
+                     f"whether it ran {' or '.join(outside)}")
     if (resolution := resolution_note(cells, aa)) is not None:
         notes.append(resolution)
     if loaded:
