@@ -107,13 +107,15 @@ def mean_frame(blocks: dict[Block, list[GenerationRecord]], reps: int = BOOTSTRA
     """Per (block, method): intervals of the main table's Mean columns (mean of Spd and of τ over the mean
     benches the method ran, names.mean_benches) and the conversations behind them."""
     rows = []
+    # The benches of the whole table, as its Mean point (mean_over_benches) pools them, not of one block.
+    benches = mean_benches(r.bench for recs in blocks.values() for r in recs)
     for block, recs in sorted(blocks.items()):
         groups: dict[tuple[str, str], list[GenerationRecord]] = {}
         for r in recs:
             groups.setdefault((r.method, r.bench), []).append(r)
-        benches = mean_benches(r.bench for r in recs)
+        ran = [b for b in benches if any(key[1] == b for key in groups)]  # seeds indexed by the block's benches
         for method in sorted({r.method for r in recs} - {VANILLA}):
-            mine = [(i, groups[(method, b)], groups.get((VANILLA, b), [])) for i, b in enumerate(benches)
+            mine = [(i, groups[(method, b)], groups.get((VANILLA, b), [])) for i, b in enumerate(ran)
                     if (method, b) in groups]
             spd = _mean_ci([speedup_draws(ours, base, reps, seed + i) for i, ours, base in mine])
             tau = _mean_ci([tau_draws(ours, reps, seed + i) for i, ours, _ in mine])
@@ -253,10 +255,12 @@ def significant_cells(files: Sequence[ResultFile], reps: int = BOLD_REPS, seed: 
     if not reps:
         return frozenset()
     out = set()
+    # The Mean column pools the table's mean benches (all blocks), as the Mean point does.
+    pooled = mean_benches(r.bench for f in files for r in f.records if is_stream(r.bench) == streams)
     for block, group in files_by_block(files).items():
         labels = sorted({r.method for f in group for r in f.records} - {VANILLA})
         benches = sorted({r.bench for f in group for r in f.records if is_stream(r.bench) == streams})
-        columns = [(bench, [bench]) for bench in benches] + ([(MEAN, mean_benches(benches))] if benches else [])
+        columns = [(bench, [bench]) for bench in benches] + ([(MEAN, pooled)] if benches else [])
         for column, pooled in columns:
             # Keys name the file: a best and a runner-up from different runs share no key, so no bold.
             sides = {label: {key: row for b in pooled for key, row in units(group, label, b, True).items()}

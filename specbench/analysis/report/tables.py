@@ -126,7 +126,7 @@ def _speedup_table(name: str, title: str, spd_note: str, cells: pd.DataFrame, me
     columns, groups = _bench_groups(benches, ["Method"])
     columns += ["Spd", "τ", "Ideal", "Eff.", "T_D%", "Greedy"]
     groups += [("Mean", 4), ("", 2)]
-    pooled_means = {column: mean_over_benches(cells, column).to_dict()
+    pooled_means = {column: mean_over_benches(cells, column, pooled).to_dict()
                     for column in ("speedup", "tau", "ideal_speedup", "efficiency")}
     per_method = methods.set_index(["target", "temperature", "method"])
     mean_ci = (means if means is not None else pd.DataFrame(columns=MEAN_COLUMNS)).set_index(
