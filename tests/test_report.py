@@ -441,3 +441,29 @@ def test_one_target_in_two_dtypes_on_one_machine_gets_two_sections_never_pooled(
     # One dtype per target: the plain label, as before
     (tmp_path / "bf16.jsonl").unlink()
     assert [label for label, _ in build_report(tmp_path, reps=0).main.sections] == ["smollm2-135m · T = 0"]
+
+
+def test_divergence_table_sets_each_flips_gap_beside_the_noise(tmp_path: Path):
+    """Per method side: counts by status, the largest logit disagreement where the texts agree, the largest
+    gap m + v at a flip and the smallest tolerance given there (a later turn's inherited status has none)."""
+    from specbench.analysis.report.checks import divergence_frame, divergence_table
+    from specbench.analysis.report.records import load_result_files
+    from specbench.analysis.report.render import render_markdown
+
+    flips = [dict(status="near-tie", method_margin=0.0625, vanilla_margin=0.0625, tolerance=2.5, noise=0.25,
+                  noise_roundings=12.0),
+             dict(status="near-tie", method_margin=0.125, vanilla_margin=0.25, tolerance=0.9, noise=0.125,
+                  noise_roundings=40.0),
+             dict(status="identical", noise=0.375, noise_roundings=3.0),
+             dict(status="near-tie", after_turn=0)]
+    records = vanilla_records(benches=("humaneval",), prompts=4)
+    for r, d in zip(method_records("sps", benches=("humaneval",), prompts=4), flips):
+        r.divergence = d
+        records.append(r)
+    write_jsonl(tmp_path / "d.jsonl", records, dtype="bfloat16", temperature=0.0)
+    files = load_result_files(tmp_path)
+    row = divergence_frame(files).iloc[0]
+    assert (row.turns, row.identical, row.near_tie, row.unexplained) == (4, 1, 3, 0)
+    assert row.noise == 0.375 and row.noise_roundings == 40.0
+    assert row.gap_max == 0.375 and row.tolerance_min == 0.9
+    assert "| 0.375 | 0.375 | 0.9 |" in render_markdown(divergence_table(files))

@@ -116,8 +116,9 @@ def aa_table(files: Sequence[ResultFile], provenance: Sequence[str] = (), reps: 
 
 
 def divergence_frame(files: Sequence[ResultFile]) -> pd.DataFrame:
-    """Per block and method side: T = 0 turns identical to vanilla's, near-ties, unexplained, unchecked, and the
-    largest logit difference seen between the two sides where they agreed (in roundings of the dtype)."""
+    """Per block and method side: T = 0 turns identical to vanilla's, near-ties, unexplained, unchecked; the
+    largest logit difference seen between the two sides where they agreed (in logits, and in u·|logit|), the
+    largest gap m + v at a flip, and the smallest tolerance the near-tie rule gave there."""
     rows = []
     for f in files:
         if f.block[1] != 0:
@@ -125,12 +126,25 @@ def divergence_frame(files: Sequence[ResultFile]) -> pd.DataFrame:
         for label in sorted({r.method for r in f.records if r.divergence}):
             found = [r.divergence for r in f.records if r.method == label and r.divergence]
             c = divergence.counts(found)
-            noise = [d["noise_roundings"] for d in found if "noise_roundings" in d]
             rows.append(dict(block=block_label(f.block), file=f.path.name, method=label, dtype=f.meta.get("dtype"),
                              turns=len(found), **{k.replace("-", "_"): v for k, v in c.items()},
-                             noise_roundings=max(noise) if noise else float("nan")))
+                             noise=_extreme(max, found, "noise"), noise_roundings=_extreme(max, found, "noise_roundings"),
+                             gap_max=_extreme(max, [_gap(d) for d in found], "gap"),
+                             tolerance_min=_extreme(min, found, "tolerance")))
     return pd.DataFrame(rows, columns=["block", "file", "method", "dtype", "turns", "identical", "near_tie",
-                                       "unexplained", "unchecked", "noise_roundings"])
+                                       "unexplained", "unchecked", "noise", "noise_roundings", "gap_max",
+                                       "tolerance_min"])
+
+
+def _gap(d: dict) -> dict:
+    """m + v of a flip: how far the two sides' forwards disagree about l[a] − l[b] at the first difference."""
+    return {"gap": d["method_margin"] + d["vanilla_margin"]} if "method_margin" in d and "vanilla_margin" in d else {}
+
+
+def _extreme(pick, found: Sequence[dict], key: str) -> float:
+    """max or min of ``key`` over the records that have it (NaN-free), NaN when none does."""
+    values = [d[key] for d in found if key in d and d[key] == d[key]]
+    return pick(values) if values else float("nan")
 
 
 def divergence_table(files: Sequence[ResultFile], provenance: Sequence[str] = ()) -> Table | None:
@@ -140,7 +154,7 @@ def divergence_table(files: Sequence[ResultFile], provenance: Sequence[str] = ()
         return None
     rows = [[Cell(r.file), Cell(r.method), Cell(str(r.dtype)), Cell(str(r.turns)), Cell(str(r.identical)),
              Cell(str(r.near_tie)), Cell(str(r.unexplained), r.unexplained > 0), Cell(str(r.unchecked)),
-             Cell(DASH if r.noise_roundings != r.noise_roundings else f"{r.noise_roundings:.1f}")]
+             Cell(_fmt_logit(r.noise)), Cell(_fmt_logit(r.gap_max)), Cell(_fmt_logit(r.tolerance_min))]
             for r in frame.itertuples()]
     notes = ["Each T = 0 method turn against vanilla's same turn: identical text; near-tie = at the first differing "
              "position both sides' logit margins between the two tokens add up to no more than the dtype's rounding "
@@ -150,9 +164,16 @@ def divergence_table(files: Sequence[ResultFile], provenance: Sequence[str] = ()
              f"{divergence.TOP_K} best; unexplained = anything else (a bug until shown otherwise); a later turn of a "
              "diverged conversation takes its first divergence's status; unchecked = a side's logits were not kept "
              "(resumed run)",
-             "Noise = the largest difference between the two sides' logit of a token both committed, in units of "
-             "u·|logit|: how far the batched verify and vanilla's one-row step actually disagree; the near-tie rule "
-             "allows √(2L+2) per logit (7.9 for a 30-layer target)"]
+             "Noise = the largest difference between the two sides' logit of a token both committed (in logits): how "
+             "far the batched verify and vanilla's one-row step are seen to disagree where their texts agree. Gap max = "
+             "the largest m + v at this side's flips: how far the two forwards disagreed about l[a] − l[b] where the "
+             "texts part, a difference of two logits: a gap within twice the noise is a flip inside the disagreement "
+             "the same turns show elsewhere. δ min = the smallest tolerance the rule gave at this side's flips (both sides' δ summed)"]
     return Table("divergence_table", "Greedy divergences from vanilla: identical, near-tie or unexplained",
                  ["File", "Method", "dtype", "Turns", "Identical", "Near-tie", "Unexplained", "Unchecked",
-                  "Noise (u)"], [], [("", rows)], frame, notes, list(provenance), align="lllrrrrrr")
+                  "Noise", "Gap max", "δ min"], [], [("", rows)], frame, notes, list(provenance),
+                 align="lllrrrrrrrr")
+
+
+def _fmt_logit(x: float) -> str:
+    return DASH if x != x else f"{x:.3g}"
