@@ -128,22 +128,23 @@ def divergence_frame(files: Sequence[ResultFile]) -> pd.DataFrame:
             c = divergence.counts(found)
             rows.append(dict(block=block_label(f.block), file=f.path.name, method=label, dtype=f.meta.get("dtype"),
                              turns=len(found), **{k.replace("-", "_"): v for k, v in c.items()},
-                             noise=_extreme(max, found, "noise"), noise_roundings=_extreme(max, found, "noise_roundings"),
-                             gap_max=_extreme(max, [_gap(d) for d in found], "gap"),
-                             tolerance_min=_extreme(min, found, "tolerance")))
+                             noise=_extreme(max, found, "noise"),
+                             noise_roundings=_extreme(max, found, "noise_roundings"),
+                             gap_max=_extreme(max, found, "gap"), tolerance_min=_extreme(min, found, "tolerance")))
     return pd.DataFrame(rows, columns=["block", "file", "method", "dtype", "turns", "identical", "near_tie",
                                        "unexplained", "unchecked", "noise", "noise_roundings", "gap_max",
                                        "tolerance_min"])
 
 
-def _gap(d: dict) -> dict:
-    """m + v of a flip: how far the two sides' forwards disagree about l[a] − l[b] at the first difference."""
-    return {"gap": d["method_margin"] + d["vanilla_margin"]} if "method_margin" in d and "vanilla_margin" in d else {}
-
-
 def _extreme(pick, found: Sequence[dict], key: str) -> float:
-    """max or min of ``key`` over the records that have it (NaN-free), NaN when none does."""
-    values = [d[key] for d in found if key in d and d[key] == d[key]]
+    """max or min of ``key`` over the divergence records that have it, NaN when none does. ``gap`` is a flip's
+    m + v: how far the two sides' forwards disagreed about l[a] − l[b] at the first difference."""
+    if key == "gap":
+        values = [d["method_margin"] + d["vanilla_margin"] for d in found
+                  if "method_margin" in d and "vanilla_margin" in d]
+    else:
+        values = [d[key] for d in found if key in d]
+    values = [v for v in values if v == v]  # NaN: no tolerance where a margin was only bounded (unexplained)
     return pick(values) if values else float("nan")
 
 
@@ -168,7 +169,8 @@ def divergence_table(files: Sequence[ResultFile], provenance: Sequence[str] = ()
              "far the batched verify and vanilla's one-row step are seen to disagree where their texts agree. Gap max = "
              "the largest m + v at this side's flips: how far the two forwards disagreed about l[a] − l[b] where the "
              "texts part, a difference of two logits: a gap within twice the noise is a flip inside the disagreement "
-             "the same turns show elsewhere. δ min = the smallest tolerance the rule gave at this side's flips (both sides' δ summed)"]
+             "the same turns show elsewhere. δ min = the smallest tolerance the rule gave at this side's flips (both "
+             "sides' δ summed)"]
     return Table("divergence_table", "Greedy divergences from vanilla: identical, near-tie or unexplained",
                  ["File", "Method", "dtype", "Turns", "Identical", "Near-tie", "Unexplained", "Unchecked",
                   "Noise", "Gap max", "δ min"], [], [("", rows)], frame, notes, list(provenance),
