@@ -256,11 +256,11 @@ def significant_cells(files: Sequence[ResultFile], reps: int = BOLD_REPS, seed: 
         return frozenset()
     out = set()
     # The Mean column pools the table's mean benches (all blocks), as the Mean point does.
-    pooled = mean_benches(r.bench for f in files for r in f.records if is_stream(r.bench) == streams)
+    mean_pool = mean_benches(r.bench for f in files for r in f.records if is_stream(r.bench) == streams)
     for block, group in files_by_block(files).items():
         labels = sorted({r.method for f in group for r in f.records} - {VANILLA})
         benches = sorted({r.bench for f in group for r in f.records if is_stream(r.bench) == streams})
-        columns = [(bench, [bench]) for bench in benches] + ([(MEAN, pooled)] if benches else [])
+        columns = [(bench, [bench]) for bench in benches] + ([(MEAN, mean_pool)] if benches else [])
         for column, pooled in columns:
             # Keys name the file: a best and a runner-up from different runs share no key, so no bold.
             sides = {label: {key: row for b in pooled for key, row in units(group, label, b, True).items()}
