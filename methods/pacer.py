@@ -102,14 +102,15 @@ def draft_fingerprint(draft_model) -> str:
     return digest.hexdigest()[:16]
 
 
-def save_preverifier(folder, model: PreVerifier, target: Target, draft: str, recipe: dict, draft_model) -> None:
+def save_preverifier(folder, model: PreVerifier, target: Target, draft: str, recipe: dict, draft_model,
+                     dtype: torch.dtype = torch.float32) -> None:
     config = {"method": METHOD, "target": target_fingerprint(target), "recipe": recipe,
               "architecture": {"window": model.window, "use_pos": model.use_pos, "hidden_size": model.hidden_size,
                                "parameters": model.trainable_parameters()},
               "draft": draft or "shipped SpS draft for the target", "draft_fingerprint": draft_fingerprint(draft_model),
               "note": "PACER blockwise pre-verification layer over the SpS draft model's last hidden states"}
     state = {k: v for k, v in model.state_dict().items() if not k.startswith("body.embed_tokens")}
-    save_drafter(folder, state, config, dtype=torch.float32)
+    save_drafter(folder, state, config, dtype=dtype)
 
 
 def load_preverifier(folder, target: Target, draft_model, dtype: torch.dtype) -> PreVerifier:

@@ -215,6 +215,26 @@ def test_a_layer_trained_over_another_draft_is_refused(tmp_path):
         load_preverifier(tmp_path / "mb", target, other, torch.float32)
 
 
+def test_a_layer_saved_in_bf16_is_half_the_file_and_scores_as_its_rounded_weights(tmp_path):
+    """`--bf16-weights` (the wide pair's layer): the file halves, and loading gives the bf16-rounded layer."""
+    from safetensors.torch import load_file
+
+    from methods.pacer import load_preverifier, save_preverifier
+
+    target, draft = tiny_target(0), noisy_copy(0, 0.6)
+    torch.manual_seed(0)
+    mb = PreVerifier(draft.config, window=8)
+    save_preverifier(tmp_path / "fp32", mb, target, "d", {}, draft)
+    save_preverifier(tmp_path / "bf16", mb, target, "d", {}, draft, torch.bfloat16)
+    sizes = {d: (tmp_path / d / "model.safetensors").stat().st_size for d in ("fp32", "bf16")}
+    assert sizes["bf16"] < 0.6 * sizes["fp32"]
+    assert all(v.dtype == torch.bfloat16 for v in load_file(tmp_path / "bf16" / "model.safetensors").values())
+    loaded = load_preverifier(tmp_path / "bf16", target, draft, torch.float32)
+    rounded = {k: v.to(torch.bfloat16).float() for k, v in mb.state_dict().items() if not k.startswith("body.embed")}
+    for k, v in rounded.items():
+        torch.testing.assert_close(loaded.state_dict()[k], v, atol=0, rtol=0)
+
+
 # ---- the confidence heuristic (HF assisted generation) --------------------------------------------
 def test_heuristic_schedule_and_threshold_fit():
     assert next_gamma(5, 5, 5) == 7 and next_gamma(5, 2, 5) == 4 and next_gamma(1, 0, 1) == 1

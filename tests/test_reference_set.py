@@ -140,7 +140,7 @@ def test_the_pair_group_runs_sps_and_its_variants_with_the_packaged_draft_beside
     for argv in files:
         assert argv[argv.index("--target") + 1] == module.PAIR_TARGET
         assert set(sides(argv)) == {"sps", "sps@gamma=3", "sps@gamma=8", "sps@schedule=heuristic", "sps-confidence",
-                                    "vanilla (A/A)"}
+                                    "pacer", "vanilla (A/A)"}
         assert all(f"draft={module.PAIR_DRAFT}" in spec for spec in [argv[argv.index("--opt") + 1],
                                                                       *(argv[i + 1] for i, a in enumerate(argv)
                                                                         if a == "--also" and "vanilla" not in argv[i + 1])])

@@ -27,7 +27,9 @@ def flags_of(trainer) -> set[str]:
 def test_every_shipped_drafter_has_a_recipe_its_trainer_accepts(tmp_path):
     module = load_script()
     plan = module.recipes(tmp_path)
-    shipped = {p.name for p in (SCRIPT.parent.parent / "drafters" / module.TARGET).iterdir() if p.is_dir()}
+    drafters = SCRIPT.parent.parent / "drafters"
+    shipped = {p.name if p.parent.name == module.TARGET else f"{p.parent.name}/{p.name}"
+               for p in drafters.glob("*/*") if p.is_dir()}
     assert shipped <= set(plan)
     assert {"specblock-no-broadcast", "specblock-no-shift", "specblock-no-valid-prefix"} <= set(plan)
     trainers = registered_trainers()
@@ -102,3 +104,30 @@ def test_specblock_ablations_train_alike_on_a_short_schedule_of_their_own(tmp_pa
     for variant in ("no-broadcast", "no-shift", "no-valid-prefix"):
         argv = plan[f"specblock-{variant}"]
         assert module.stages(f"specblock-{variant}", argv) == [argv] and argv == [*base, "--variant", variant]
+
+
+def test_another_targets_drafter_is_named_target_slash_name_and_installs_under_its_target(tmp_path, monkeypatch):
+    module = load_script()
+    monkeypatch.setattr(module, "ROOT", tmp_path)
+    name = f"{module.PAIR_TARGET}/pacer"
+    argv = module.recipes(tmp_path / "runs")[name]
+    full = module.command(tmp_path / "runs", name, argv)
+    assert full[full.index("--target") + 1] == module.PAIR_TARGET and full[full.index("--draft") + 1] == module.PAIR_DRAFT
+    assert full[full.index("--out") + 1] == str(tmp_path / "runs" / module.PAIR_TARGET / "pacer")
+    assert module.target_of("pacer") == (module.TARGET, "pacer")
+    run = tmp_path / "runs" / module.PAIR_TARGET / "pacer" / "drafter"
+    run.mkdir(parents=True)
+    (run / "model.safetensors").write_bytes(b"w")
+    assert module.install(tmp_path / "runs", name) == tmp_path / "drafters" / module.PAIR_TARGET / "pacer"
+
+
+def test_a_recipe_whose_pair_is_not_fetched_is_skipped_with_the_fetch_command(monkeypatch):
+    import specbench.engine.packaged as packaged
+
+    module = load_script()
+    argv = module.recipes(Path("runs"))[f"{module.PAIR_TARGET}/pacer"]
+    monkeypatch.setattr(packaged, "is_assembled", lambda name: name != module.PAIR_DRAFT)
+    assert module.unfetched(f"{module.PAIR_TARGET}/pacer", argv) == module.PAIR_DRAFT
+    monkeypatch.setattr(packaged, "is_assembled", lambda name: True)
+    assert module.unfetched(f"{module.PAIR_TARGET}/pacer", argv) is None
+    assert module.unfetched("pacer", module.recipes(Path("runs"))["pacer"]) is None  # a path draft, nothing to fetch
