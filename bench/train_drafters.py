@@ -60,7 +60,7 @@ ABLATION_BASE = f"specblock-{ABLATION_STEPS}-steps"
 # 6x faster than fp32 on a CPU with AMX), fewer and shorter than the default target's. Window 24: the 0.5B's drafts
 # stay accepted far longer than the student's. bf16 weights: the layer has the 0.5B's width (15M parameters).
 PAIR_TARGET, PAIR_DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
-PAIR_PACER = ["pacer", "--draft", PAIR_DRAFT, "--epochs", "2", "--window", "24", "--limit", "300",
+PAIR_PACER = ["pacer", "--draft", PAIR_DRAFT, "--epochs", "6", "--window", "24", "--limit", "300",
               "--max-new-tokens", "128", "--held-out", "0.05", "--bf16-weights", "--dtype", "bfloat16"]
 
 

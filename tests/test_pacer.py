@@ -215,6 +215,18 @@ def test_a_layer_trained_over_another_draft_is_refused(tmp_path):
         load_preverifier(tmp_path / "mb", target, other, torch.float32)
 
 
+def test_position_embeddings_are_drawn_at_the_scale_of_the_states_they_join():
+    """e_i is added to the draft's final states; at a 0.5B draft's scale (RMS ~6.5) a 0.02 embedding vanishes."""
+    torch.manual_seed(0)
+    mb = PreVerifier(tiny_llama(0).config, window=32)
+    states = 5.0 * torch.randn(300, mb.hidden_size)
+    std = mb.scale_positions_to(states)
+    assert std == pytest.approx(5.0, rel=0.05)
+    assert mb.pos.weight[0].abs().sum() == 0 and mb.pos.weight[1:].std().item() == pytest.approx(std, rel=0.1)
+    plain = PreVerifier(tiny_llama(0).config, window=8, use_pos=False)
+    assert plain.scale_positions_to(states) == pytest.approx(std) and plain.pos is None
+
+
 def test_a_layer_saved_in_bf16_is_half_the_file_and_scores_as_its_rounded_weights(tmp_path):
     """`--bf16-weights` (the wide pair's layer): the file halves, and loading gives the bf16-rounded layer."""
     from safetensors.torch import load_file
