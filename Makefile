@@ -5,7 +5,8 @@ PIP     := $(VENV)/bin/pip
 # The real benchmark files, where a sibling data folder has them; tests that need them skip without.
 export SPECBENCH_DATA ?= $(wildcard $(abspath ../shared/datasets))
 
-# `make gpu-check PY=python3` works with any python that has torch (the checkout is put on PYTHONPATH).
+# `make gpu-check PY=python3` uses a python that has torch and our other dependencies (on an image without them:
+# pydantic, jsonlines, typer, gguf); the checkout is put on PYTHONPATH.
 SRC     := PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}
 GPU_METHODS ?=
 

@@ -325,6 +325,30 @@ def test_truncated_gguf_is_one_line(models, tmp_path, capsys, monkeypatch):
     one_line(*cli(args, capsys)[::2], "not a GGUF file")
 
 
+def test_gguf_reader_missing_is_one_line_not_a_damaged_file(models, tmp_path, capsys, monkeypatch):
+    """A GPU image without the gguf package (or with a copy lacking its metadata) must say what to install,
+    not call a good model file damaged."""
+    import importlib.metadata
+
+    from specbench.engine.target import embedded_gguf
+
+    real_version = importlib.metadata.version
+
+    def version(name):
+        if name == "gguf":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real_version(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))  # nothing dequantised yet, so the reader is needed
+    out = tmp_path / "r.jsonl"
+    args = base_args(models, out)
+    args[args.index(models["target"])] = str(embedded_gguf("smollm2-135m"))
+    err = one_line(*cli(args, capsys)[::2], "gguf package", "pip install")
+    assert "damaged" not in err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("kwarg", ["tokenize=false", "add_generation_prompt=false", "return_dict=true",
                                    "conversation=x", "bad-key=1"])
 def test_chat_template_kwargs_that_break_rendering_are_one_line(models, tmp_path, capsys, kwarg):
