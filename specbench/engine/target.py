@@ -25,7 +25,7 @@ import torch
 
 from specbench.engine import kvcache, split_verify
 from specbench.engine.packaged import PACKAGED, cache_dir, locate_packaged
-from specbench.errors import SpecbenchError
+from specbench.errors import SpecbenchError, installed_version
 from specbench.engine.timing import NULL_TIMER, PhaseTimer
 from specbench.engine.tree import DraftTree, verify_visibility
 
@@ -87,18 +87,6 @@ class CompiledTree:
     mask: torch.Tensor | None  # additive [1, 1, N+1, past+N+1]
 
 
-def _require_gguf_reader() -> None:
-    """transformers reads GGUF files through the ``gguf`` package and checks its installed version; where it
-    is missing (or copied in without its metadata) that failure would otherwise read as a damaged model file."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        version("gguf")
-    except PackageNotFoundError:
-        raise SpecbenchError("loading a GGUF model needs the gguf package (installed, with its metadata); "
-                             "run: pip install 'gguf>=0.10'") from None
-
-
 def _load_gguf(path: Path, dtype: torch.dtype, attn_implementation: str, device_map: str | None = None):
     """Load a GGUF model, caching the dequantised weights as safetensors (28 s -> ~1 s)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -111,7 +99,10 @@ def _load_gguf(path: Path, dtype: torch.dtype, attn_implementation: str, device_
             magic = fh.read(4)
         if magic != b"GGUF":
             raise SpecbenchError(f"model file {path} is not a GGUF file (it starts with {magic!r}); pass a .gguf model")
-        _require_gguf_reader()
+        # transformers reads GGUF through the gguf package and checks its installed version; without it (or
+        # with a copy lacking its metadata) that failure would read as a damaged model file below.
+        installed_version("gguf", "loading a GGUF model needs the gguf package (installed, with its metadata); "
+                                  "run: pip install 'gguf>=0.10'")
         try:
             tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
             model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)

@@ -27,7 +27,7 @@ import torch
 
 from specbench.engine.drafter import Drafter
 from specbench.engine.registry import available_methods, entry_points, method_class, parse_options
-from specbench.errors import SpecbenchError, unknown_name_error
+from specbench.errors import SpecbenchError, installed_version, unknown_name_error
 from specbench.engine.timing import synchronize
 
 ENTRY_POINT_GROUP = "specbench.parity"
@@ -96,12 +96,7 @@ def reference_for(method: str) -> Reference:
 
 def package_version(dist: str, install_hint: str = "pip install 'specbench[parity]'") -> str:
     """The installed version of distribution ``dist``; one line naming the install command if absent."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        raise SpecbenchError(f"the reference package {dist!r} is not installed; {install_hint}") from None
+    return installed_version(dist, f"the reference package {dist!r} is not installed; {install_hint}")
 
 
 # ---- one run ----------------------------------------------------------------------------------
