@@ -115,8 +115,8 @@ def tradeoff_frame(cells: pd.DataFrame, methods: pd.DataFrame, block: Block) -> 
 
 # --------------------------------------------------------------------------------------- figures
 
-def _figure(title: str, ncols: int = 1, width: float = 6.4) -> tuple[Figure, list]:
-    fig = Figure(figsize=(width, 4.0), layout="constrained")
+def _figure(title: str, ncols: int = 1, width: float = 6.4, height: float = 4.0) -> tuple[Figure, list]:
+    fig = Figure(figsize=(width, height), layout="constrained")
     axes = fig.subplots(1, ncols, squeeze=False)[0].tolist()
     fig.suptitle(title)
     return fig, axes
@@ -133,14 +133,19 @@ def acceptance_figure(series: dict[str, list[float]], title: str) -> Figure:
 
 
 def histogram_figure(series: dict[str, dict[int, float]], title: str) -> Figure:
-    fig, (ax,) = _figure(title)
+    legend_rows = -(-len(series) // 3)  # ceil: the legend below the axes has three columns
+    many = len(series) > 6  # beyond this a legend inside the axes covers the bars
+    fig, (ax,) = _figure(title, height=4.0 + 0.2 * legend_rows if many else 4.0)
     width = 0.8 / max(len(series), 1)
     for i, (method, shares) in enumerate(series.items()):
         xs = sorted(shares)
         ax.bar([x - 0.4 + width * (i + 0.5) for x in xs], [shares[x] for x in xs], width=width, label=method)
     ax.set(xlabel="tokens committed per verify call (accepted + bonus)", ylabel="share of verify calls")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.legend(fontsize=8)
+    if many:
+        fig.legend(loc="outside lower center", ncols=3, fontsize=7)
+    else:
+        ax.legend(fontsize=8)
     return fig
 
 
