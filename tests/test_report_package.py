@@ -214,17 +214,19 @@ def test_phases_come_from_the_records_engine_phases_first():
     assert "compile" in DECODE_PHASES and stages([r])[3] == "compile"  # a stage once records time it
 
 
-def test_histogram_with_many_methods_keeps_its_legend_off_the_bars(tmp_path):
+def test_figures_with_many_methods_keep_their_legend_off_the_data(tmp_path):
     """Thirty methods in one block: the legend moves below the axes, and the layout still solves (no collapsed axes)."""
     import warnings
 
-    from specbench.analysis.report.figures import histogram_figure, save_figure
+    from specbench.analysis.report.figures import acceptance_figure, histogram_figure, save_figure
 
-    series = {f"method-{i}": {1: 0.5, 2: 0.3, 3: 0.2} for i in range(30)}
-    fig = histogram_figure(series, "many methods")
-    assert len(fig.legends) == 1 and fig.axes[0].get_legend() is None
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # matplotlib warns when the legend squeezes the axes to nothing
-        save_figure(fig, tmp_path / "hist")
+    many_hist = histogram_figure({f"method-{i}": {1: 0.5, 2: 0.3, 3: 0.2} for i in range(30)}, "many methods")
+    many_rates = acceptance_figure({f"method-{i}": [0.6, 0.5, 0.4] for i in range(30)}, "many methods")
+    for name, fig in (("hist", many_hist), ("rates", many_rates)):
+        assert len(fig.legends) == 1 and fig.axes[0].get_legend() is None
+        assert fig.get_figheight() > 4.0  # grown to hold the legend's ten rows
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # matplotlib warns when the legend squeezes the axes to nothing
+            save_figure(fig, tmp_path / name)
     few = histogram_figure({"a": {1: 1.0}, "b": {2: 1.0}}, "two methods")
-    assert not few.legends and few.axes[0].get_legend() is not None
+    assert not few.legends and few.axes[0].get_legend() is not None and few.get_figheight() == 4.0

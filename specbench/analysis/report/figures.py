@@ -115,11 +115,22 @@ def tradeoff_frame(cells: pd.DataFrame, methods: pd.DataFrame, block: Block) -> 
 
 # --------------------------------------------------------------------------------------- figures
 
-def _figure(title: str, ncols: int = 1, width: float = 6.4, height: float = 4.0) -> tuple[Figure, list]:
-    fig = Figure(figsize=(width, height), layout="constrained")
+def _figure(title: str, ncols: int = 1, width: float = 6.4) -> tuple[Figure, list]:
+    fig = Figure(figsize=(width, 4.0), layout="constrained")
     axes = fig.subplots(1, ncols, squeeze=False)[0].tolist()
     fig.suptitle(title)
     return fig, axes
+
+
+def _method_legend(fig: Figure, ax) -> None:
+    """One entry per method: inside the axes while few, else below them in three columns, the figure grown to hold it
+    (thirty entries inside the axes covered the data and squeezed the axes to nothing)."""
+    entries = len(ax.get_legend_handles_labels()[1])
+    if entries <= 6:
+        ax.legend(fontsize=8)
+        return
+    fig.set_figheight(fig.get_figheight() + 0.2 * -(-entries // 3))  # ceil(entries / 3) legend rows
+    fig.legend(loc="outside lower center", ncols=3, fontsize=7)
 
 
 def acceptance_figure(series: dict[str, list[float]], title: str) -> Figure:
@@ -128,24 +139,19 @@ def acceptance_figure(series: dict[str, list[float]], title: str) -> Figure:
         ax.plot(range(1, len(rates) + 1), rates, marker="o", label=method)
     ax.set(xlabel="chain depth k", ylabel="α_k = P(depth k accepted | k−1 accepted)", ylim=(0, 1.02))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # depths are whole numbers
-    ax.legend(fontsize=8)
+    _method_legend(fig, ax)
     return fig
 
 
 def histogram_figure(series: dict[str, dict[int, float]], title: str) -> Figure:
-    legend_rows = -(-len(series) // 3)  # ceil: the legend below the axes has three columns
-    many = len(series) > 6  # beyond this a legend inside the axes covers the bars
-    fig, (ax,) = _figure(title, height=4.0 + 0.2 * legend_rows if many else 4.0)
+    fig, (ax,) = _figure(title)
     width = 0.8 / max(len(series), 1)
     for i, (method, shares) in enumerate(series.items()):
         xs = sorted(shares)
         ax.bar([x - 0.4 + width * (i + 0.5) for x in xs], [shares[x] for x in xs], width=width, label=method)
     ax.set(xlabel="tokens committed per verify call (accepted + bonus)", ylabel="share of verify calls")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    if many:
-        fig.legend(loc="outside lower center", ncols=3, fontsize=7)
-    else:
-        ax.legend(fontsize=8)
+    _method_legend(fig, ax)
     return fig
 
 
