@@ -2,13 +2,25 @@
 carry what a user needs to trust them: a config naming the target and a model card."""
 
 import json
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
 DRAFTERS = Path(__file__).resolve().parent.parent / "drafters"
 LIMIT_BYTES = 20 * 2**20
-FOLDERS = sorted(p for p in DRAFTERS.glob("*/*") if p.is_dir())
+
+
+def kept_out_of_git(folder: Path) -> bool:
+    """A drafter trained and installed on this machine but ignored by git (the Qwen2.5-Coder pair's PACER layer,
+    over the bound) is not shipped."""
+    if shutil.which("git") is None:
+        return False
+    return subprocess.run(["git", "check-ignore", "-q", str(folder)], cwd=DRAFTERS.parent).returncode == 0
+
+
+FOLDERS = sorted(p for p in DRAFTERS.glob("*/*") if p.is_dir() and not kept_out_of_git(p))
 
 
 def test_drafters_ship():
