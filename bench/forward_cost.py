@@ -3,6 +3,7 @@ next to vanilla's one-row step, measured apart from any run, stored per hardware
 
     python bench/forward_cost.py                                  # smollm2-135m, fp32 and bf16, rows 1-64
     python bench/forward_cost.py --dtype float32 --rows 1-16,24,32,48,64 --repeats 20
+    python bench/forward_cost.py --target qwen2.5-coder-1.5b --dtype bfloat16   # a pair's target
     python bench/forward_cost.py --rows 1-2 --repeats 1 --out /tmp/cost   # a smoke run
 
 Each measurement is one verify forward through the engine's own path (``Target.compile_tree`` +
@@ -10,8 +11,8 @@ Each measurement is one verify forward through the engine's own path (``Target.c
 mask) over N rows after a prefix of ``--prefix`` cached tokens (a realistic context: a prompt plus part
 of an answer), the cache cut back to the prefix after each; the median of ``--repeats`` forwards (after
 ``--warmup``), rows in an interleaved order so that drift spreads over all row counts. The file
-``<out>/<hardware-slug>.json`` (hardware as in a results header) keeps one curve per dtype; a rerun
-replaces that dtype's curve and keeps the others. Run it on an idle machine, like the reference set.
+``<out>/<hardware-slug>--<target>.json`` (hardware as in a results header) keeps one curve per dtype; a
+rerun replaces that dtype's curve and keeps the others. Run it on an idle machine, like the reference set.
 """
 
 from __future__ import annotations
@@ -115,13 +116,13 @@ def main() -> None:
         device = resolve_device(args.device)
         dtypes = [str(resolve_dtype(d)).replace("torch.", "") for d in (args.dtype or ["float32", "bfloat16"])]
         env = environment_metadata(device)
-        path = curve_path(args.out, env["hardware"])
+        path = curve_path(args.out, env["hardware"], args.target)
         data = json.loads(path.read_text()) if path.is_file() else {}
         if data and data.get("hardware") != env["hardware"]:
             raise SpecbenchError(f"{path} holds another machine's curve ({data.get('hardware')}); pass another --out")
-        if data.get("target") not in (None, args.target) or data.get("prefix") not in (None, args.prefix):
-            raise SpecbenchError(f"{path} was measured with target {data.get('target')} and prefix {data.get('prefix')}; "
-                                 "pass the same ones or another --out")
+        if data.get("prefix") not in (None, args.prefix):
+            raise SpecbenchError(f"{path} was measured after a prefix of {data.get('prefix')} tokens; "
+                                 "pass the same --prefix or another --out")
         curves = dict(data.get("curves") or {})
         with torch.inference_mode():
             for dtype in dtypes:

@@ -202,7 +202,7 @@ def _curve_file(root: Path, chain: dict, tree: dict | None = None) -> None:
     data = {"hardware": HW, "target": "tiny", "prefix": 64,
             "curves": {"float32": {CHAIN: {str(k): v for k, v in chain.items()},
                                    TREE: {str(k): v for k, v in (tree or chain).items()}}}}
-    curve_path(root, HW).write_text(json.dumps(data))
+    curve_path(root, HW, "tiny").write_text(json.dumps(data))
 
 
 def test_cost_curve_prices_the_verify_and_the_report_uses_it(tmp_path: Path):
@@ -210,7 +210,8 @@ def test_cost_curve_prices_the_verify_and_the_report_uses_it(tmp_path: Path):
     _curve_file(tmp_path / "cost", {1: 0.010, 2: 0.012, 4: 0.016, 8: 0.030})
     curve = load_curve(tmp_path / "cost", HW, "float32", "tiny")
     assert curve.time(3) == pytest.approx(0.014) and curve.steps(8) == pytest.approx(3.0)
-    assert math.isnan(curve.time(9)) and load_curve(tmp_path / "cost", "Other", "float32") is None
+    assert math.isnan(curve.time(9)) and load_curve(tmp_path / "cost", "Other", "float32", "tiny") is None
+    assert load_curve(tmp_path / "cost", HW, "float32", "other-target") is None  # a curve prices its own target only
     # method: 3 calls of a 3-node chain (4 rows), 2 tokens each; run's own target forwards say 0.05 s per call
     m = rec("m", "p0", 0.3, n=6, sizes=3, target_s=0.15, chains=3)
     v = rec("vanilla", "p0", 0.6, n=6, target_s=0.12)

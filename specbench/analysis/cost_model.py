@@ -124,18 +124,20 @@ def slug(hardware: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", hardware.lower()).strip("-") or "unknown"
 
 
-def curve_path(root: str | Path, hardware: str) -> Path:
-    return Path(root) / f"{slug(hardware)}.json"
+def curve_path(root: str | Path, hardware: str, target: str) -> Path:
+    """One file per machine and target: ``<hardware-slug>--<target-slug>.json`` (a target's forward cost
+    says nothing about another's, so a pair's 1.5B target and the embedded 135M one keep separate curves)."""
+    return Path(root) / f"{slug(hardware)}--{slug(target)}.json"
 
 
-def load_curve(root: str | Path, hardware: str, dtype: str, target: str | None = None) -> CostCurve | None:
-    """The curve measured on ``hardware`` for ``dtype`` (and ``target`` when the file names one), or None."""
-    path = curve_path(root, hardware)
+def load_curve(root: str | Path, hardware: str, dtype: str, target: str) -> CostCurve | None:
+    """The curve measured on ``hardware`` for ``target`` in ``dtype``, or None."""
+    path = curve_path(root, hardware, target)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
         return None
-    if data.get("hardware") != hardware or (target and data.get("target") not in (None, target)):
+    if data.get("hardware") != hardware or data.get("target") != target:
         return None
     curves = (data.get("curves") or {}).get(str(dtype))
     if not curves:

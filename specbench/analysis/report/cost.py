@@ -1,5 +1,5 @@
 """The forward-cost curve of the records' hardware (``bench/forward_cost.py``, stored as
-``<results folder>/cost/<hardware-slug>.json``): what one target forward costs against its rows, the curve
+``<results folder>/cost/<hardware-slug>--<target>.json``): what one target forward costs against its rows, the curve
 the main table's Ideal column uses, and what it says about SpS's verify cost across γ."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from specbench.analysis.report.names import VANILLA, Block, block_label
 from specbench.analysis.report.records import ResultFile, files_by_block
 from specbench.analysis.report.table import DASH, Cell, Table
 
-COST_DIR = "cost"  # beside the result files: results/cost/<hardware-slug>.json
+COST_DIR = "cost"  # beside the result files: results/cost/<hardware-slug>--<target>.json
 SHOWN_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 17, 24, 32, 33, 48, 64)
 
 

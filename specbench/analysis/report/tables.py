@@ -112,7 +112,7 @@ def _ideal_note(cells: pd.DataFrame) -> str:
                  "(cost_table), else from the run's own forward times (ideal_source in the CSV); Eff. = measured "
                  "decode-only speedup / ideal")
     else:
-        where = ("the run's own measured forward times (no cost curve for this hardware: bench/forward_cost.py); "
+        where = ("the run's own measured forward times (no cost curve for this hardware and target: bench/forward_cost.py); "
                  "Eff. = measured decode-only speedup / ideal (overhead beyond the run's model forwards only)")
     return f"Ideal = τ · t_vanilla_step / (t_draft + t_verify) per verify call (specbench/analysis/cost_model.py), {where}; " \
            "both means over benchmarks"
