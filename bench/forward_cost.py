@@ -1,5 +1,5 @@
 """The target's forward cost against the number of rows, on this machine: what a verify over N rows costs
-next to vanilla's one-row step, measured apart from any run, stored per hardware for the report's Ideal.
+next to vanilla's one-row step, measured apart from any run, stored per hardware and target for the report's Ideal.
 
     python bench/forward_cost.py                                  # smollm2-135m, fp32 and bf16, rows 1-64
     python bench/forward_cost.py --dtype float32 --rows 1-16,24,32,48,64 --repeats 20

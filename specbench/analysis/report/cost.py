@@ -112,7 +112,7 @@ def cost_table(files: Sequence[ResultFile], provenance: Sequence[str] = (), root
             notes.append(f"{block_label(block)}: {note}")
     notes.insert(0, "The target's forward over N rows after a prefix, measured apart from the runs "
                     "(bench/forward_cost.py, median of its repeats); steps = t(N) / t(1). The main table's Ideal uses "
-                    "this curve for the target's forwards when it exists for the records' hardware and dtype "
+                    "this curve for the target's forwards when it exists for the records' hardware, target and dtype "
                     "(chains on the chain curve, trees on the masked tree curve), and the run's own forward times "
                     "otherwise; source: " + ", ".join(sorted({c.source for c in curves.values()})))
     return Table("cost_table", "Forward cost against rows on this hardware", columns, [], sections,
