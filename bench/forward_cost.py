@@ -120,9 +120,9 @@ def main() -> None:
         data = json.loads(path.read_text()) if path.is_file() else {}
         if data and data.get("hardware") != env["hardware"]:
             raise SpecbenchError(f"{path} holds another machine's curve ({data.get('hardware')}); pass another --out")
-        if data.get("prefix") not in (None, args.prefix):
-            raise SpecbenchError(f"{path} was measured after a prefix of {data.get('prefix')} tokens; "
-                                 "pass the same --prefix or another --out")
+        if data.get("target") not in (None, args.target) or data.get("prefix") not in (None, args.prefix):
+            raise SpecbenchError(f"{path} was measured with target {data.get('target')} and prefix {data.get('prefix')}; "
+                                 "pass the same ones or another --out")
         curves = dict(data.get("curves") or {})
         with torch.inference_mode():
             for dtype in dtypes:
