@@ -350,6 +350,9 @@ def parity(
     opt: list[str] = typer.Option([], "--opt", help="Method option key=value, given to both sides (repeatable)."),
     data_dir: Optional[str] = typer.Option(None, help="Folder of benchmark JSONL files (else $SPECBENCH_DATA)."),
     out: Optional[Path] = typer.Option(None, help="Parity file (default results/[gpu/]parity/<method>_<bench>_<target>.jsonl)."),
+    reference_src: Optional[str] = typer.Option(
+        None, help="A checkout of the authors' repository, for references imported from one at run time (else "
+                   "each reference's environment variable, named in its refusal)."),
 ) -> None:
     """Run METHOD and its authors' reference implementation interleaved in one process; write the per-prompt
     records and refresh the parity table (reports/parity_table.md, or results/gpu/ on CUDA)."""
@@ -358,14 +361,15 @@ def parity(
     if all_methods == (method is not None):
         raise SpecbenchError("parity needs one METHOD or --all (methods with a reference: "
                              f"{', '.join(available_references()) or 'none'})")
-    if all_methods and (out is not None or opt):
-        raise SpecbenchError("--out and --opt apply to one method; drop them with --all (each method runs its "
-                             "defaults, or the options its reference declares)")
+    if all_methods and (out is not None or opt or reference_src is not None):
+        raise SpecbenchError("--out, --opt and --reference-src apply to one method; drop them with --all (each method "
+                             "runs its defaults, or the options its reference declares; snapshots come from each "
+                             "reference's environment variable)")
     refused: list[str] = []
     for name in list(available_references()) if all_methods else [method]:
         cfg = ParityConfig(method=name, bench=bench, limit=limit, max_new_tokens=max_new_tokens, target=target,
                            device=device, dtype=dtype, options=_parse_opts(opt, None), data_dir=data_dir,
-                           out=str(out) if out else None)
+                           out=str(out) if out else None, reference_src=reference_src)
 
         def shown(done: int, total: int, line: dict, name: str = name) -> None:
             err.print(f"{name} {done}/{total} {line['prompt_id']}: text {'=' if line['text_identical'] else '≠'}, "

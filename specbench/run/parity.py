@@ -29,6 +29,7 @@ from specbench.engine.drafter import Drafter
 from specbench.engine.registry import available_methods, entry_points, method_class, parse_options
 from specbench.errors import SpecbenchError, installed_version, unknown_name_error
 from specbench.engine.timing import synchronize
+from specbench.run.snapshots import Repository
 
 ENTRY_POINT_GROUP = "specbench.parity"
 TABLE_COLUMNS = ("method", "reference", "version", "prompts", "text identical", "τ ours", "τ ref", "speed ours/ref")
@@ -62,6 +63,10 @@ class Reference(Protocol):
     # Optional: method options a parity run uses unless the user passes them (e.g. the one tree shape a
     # reference can run); both sides get them.
     options: dict
+    # Optional, for authors' code published only as a repository (specbench/run/snapshots.py): the
+    # repository it imports at run time; ``source`` is set from ``--reference-src`` before ``version``.
+    repository: "Repository"
+    source: str | None
 
     def version(self) -> str: ...
 
@@ -71,25 +76,28 @@ class Reference(Protocol):
 
 
 def available_references() -> dict[str, str]:
-    """method name -> 'module:Class' of every registered reference adapter."""
+    """row name -> 'module:Class' of every registered reference adapter. A row is named after the method it
+    reproduces, or ``METHOD-WHAT`` when a method has more than one reference (e.g. ``ddtree`` against its
+    authors' loop, ``ddtree-drafter`` against another package's draft model in our loop); the adapter's
+    ``name`` says which method it runs."""
     return dict(sorted(entry_points(ENTRY_POINT_GROUP).items()))
 
 
-def reference_for(method: str) -> Reference:
-    """The reference adapter of ``method``; one line when the method is unknown or has none."""
-    known = available_methods()
-    if method not in known:
-        raise unknown_name_error("method", method, sorted(known), "specbench list methods")
+def reference_for(row: str) -> Reference:
+    """The reference adapter registered as ``row``; one line when it is unknown or the method has none."""
     refs = available_references()
-    if method not in refs:
+    if row not in refs:
+        known = available_methods()
+        if row not in known:
+            raise unknown_name_error("method", row, sorted({*known, *refs}), "specbench list methods")
         have = ", ".join(refs) or "none"
-        raise SpecbenchError(f"method {method!r} has no reference implementation to compare with (methods with one: "
+        raise SpecbenchError(f"method {row!r} has no reference implementation to compare with (methods with one: "
                              f"{have}); register one under the entry-point group {ENTRY_POINT_GROUP}")
-    module, _, attr = refs[method].partition(":")
+    module, _, attr = refs[row].partition(":")
     try:
         cls = getattr(importlib.import_module(module), attr)
     except ImportError as exc:  # the adapter module itself imports what it needs lazily; this is a broken plugin
-        raise SpecbenchError(f"the reference adapter of {method!r} ({refs[method]}) fails to import ({exc}); "
+        raise SpecbenchError(f"the reference adapter of {row!r} ({refs[row]}) fails to import ({exc}); "
                              "reinstall the package that provides it") from None
     return cls()
 
@@ -102,7 +110,7 @@ def package_version(dist: str, install_hint: str = "pip install 'specbench[parit
 # ---- one run ----------------------------------------------------------------------------------
 @dataclass
 class ParityConfig:
-    method: str
+    method: str  # a parity row: a method name, or METHOD-WHAT for a method's second reference
     bench: str = "humaneval"
     limit: int = 12
     max_new_tokens: int = 128
@@ -112,6 +120,7 @@ class ParityConfig:
     options: dict = field(default_factory=dict)
     data_dir: str | None = None
     out: str | None = None
+    reference_src: str | None = None  # a snapshot of the authors' repository (references that import one)
 
     @property
     def on_gpu(self) -> bool:
@@ -141,8 +150,10 @@ def _validate(cfg: ParityConfig) -> None:
 
 
 def decode_seconds_of(record) -> float:
-    """Our side's decode time: every engine phase but the prefill."""
-    return sum(seconds for name, seconds in record.times.items() if name != "prefill")
+    """Our side's decode time: the top-level decode phases (draft, compile, verify, commit), the same
+    sum every table uses. Sub-phases a drafter times inside ``draft`` (``tree_build``, ``adapt``) are
+    already in it; summing every phase but the prefill counted them twice."""
+    return record.decode_time
 
 
 def tau_of(tokens: list[int], steps: int) -> float:
@@ -184,8 +195,14 @@ def run_parity(cfg: ParityConfig, progress=None) -> Path:
 
     _validate(cfg)
     reference = reference_for(cfg.method)
+    if cfg.reference_src is not None:
+        if getattr(reference, "repository", None) is None:
+            raise SpecbenchError(f"{cfg.method}'s reference ({reference.reference}) is an installed package, not a "
+                                 "repository snapshot; drop --reference-src")
+        reference.source = cfg.reference_src
     ref_version = reference.version()  # a missing package is refused here, before any model loads
-    cls = method_class(cfg.method)
+    method = reference.name  # the method the row runs (the row's own name for a method's first reference)
+    cls = method_class(method)
     cfg = replace(cfg, options={**dict(getattr(reference, "options", None) or {}), **cfg.options})
     options = parse_options(cls, cfg.options)
     cls.check_references(options)
@@ -198,7 +215,7 @@ def run_parity(cfg: ParityConfig, progress=None) -> Path:
         raise SpecbenchError(f"bench {cfg.bench!r} has no prompts")
 
     target = Target.load(cfg.target, dtype, device)
-    drafter = create_drafter(cfg.method, cfg.options)
+    drafter = create_drafter(method, cfg.options)
     drafter.setup(target)
     reference.load(target, drafter, options)
 
@@ -212,7 +229,7 @@ def run_parity(cfg: ParityConfig, progress=None) -> Path:
                              f"{cfg.max_new_tokens}; lower it")
 
     out = Path(cfg.out) if cfg.out else default_out(cfg)
-    header = {"type": "header", "kind": "parity", "method": cfg.method, "reference": reference.reference,
+    header = {"type": "header", "kind": "parity", "method": method, "row": cfg.method, "reference": reference.reference,
               "reference_version": ref_version, "notes": reference.notes, "bench": prompts[0].bench,
               "target": target.name, "dtype": dtype, "dtype_reason": dtype_reason,
               "max_new_tokens": cfg.max_new_tokens, "limit": cfg.limit, "method_options": asdict(options),
@@ -231,7 +248,7 @@ def run_parity(cfg: ParityConfig, progress=None) -> Path:
             sides = {}
             for side in (("ours", "ref") if index % 2 == 0 else ("ref", "ours")):
                 if side == "ours":
-                    rec = generate(target, drafter, ids, greedy, method=cfg.method)
+                    rec = generate(target, drafter, ids, greedy, method=method)
                     sides[side] = _side(rec.new_tokens, rec.accept_lengths, decode_seconds_of(rec), target.tokenizer)
                 else:
                     got = reference.generate(ids, cfg.max_new_tokens)
@@ -274,12 +291,17 @@ def read_parity(path: Path) -> tuple[dict, list[dict]]:
     return lines[0], [o for o in lines[1:] if o.get("type") == "record"]
 
 
+def row_of(header: dict) -> str:
+    """A parity file's row: its ``row`` (files before rows had names: the method)."""
+    return header.get("row", header["method"])
+
+
 def table_rows(folder: Path) -> tuple[list[dict], list[dict]]:
     """One row per method over every parity file in ``folder`` (pooled), plus the headers read."""
     by_method: dict[str, list[tuple[dict, list[dict]]]] = {}
     for path in sorted(folder.glob("*.jsonl")):
         header, records = read_parity(path)
-        by_method.setdefault(header["method"], []).append((header, records))
+        by_method.setdefault(row_of(header), []).append((header, records))
     rows, headers = [], []
     for method, files in sorted(by_method.items()):
         records = [r for _, rs in files for r in rs]
@@ -319,10 +341,10 @@ def write_table(folder: Path, out_dir: Path) -> list[Path]:
            + ", ".join(f"{r['method']} {r['accept identical']}" for r in rows) + " prompts."]
     seen = set()
     for h in headers:
-        key = (h["method"], h["notes"])
+        key = (row_of(h), h["notes"])
         if key not in seen and h["notes"]:
             seen.add(key)
-            md.append(f"- {h['method']} ({h['reference']}): {h['notes']}")
+            md.append(f"- {row_of(h)} ({h['reference']}): {h['notes']}")
     machines = sorted({f"{h['hardware']}, {h['dtype']}, torch {h['versions'].get('torch')}, transformers "
                        f"{h['versions'].get('transformers')}, {h['bench']} ×{h['limit']} prompts, "
                        f"{h['max_new_tokens']} new tokens" for h in headers})
