@@ -13,10 +13,10 @@ ours; a full-vocabulary drafter (every published one) gets the target itself.
 
 * ``dflash``: z-lab's ``dflash_generate`` loop, timed by its own prefill/decode split (its clock
   synchronizes CUDA; on a CPU the same clock without the synchronize).
-* ``ddtree``: z-lab's package has no tree loop (DDTree's authors publish theirs only on GitHub), so
-  the reference is DDTree's drafter side: z-lab's draft model computes the block marginals inside our
-  engine (same heap, same tree verify); identical drafts are the check, the speed ratio compares the
-  two drafter forwards.
+* ``ddtree`` (row ``ddtree-drafter``; the DDTree authors' own loop is row ``ddtree``,
+  methods/parity/ddtree.py): z-lab's package has no tree loop, so this reference is DDTree's drafter
+  side: z-lab's draft model computes the block marginals inside our engine (same heap, same tree
+  verify); identical drafts are the check, the speed ratio compares the two drafter forwards.
 """
 
 from __future__ import annotations
@@ -64,19 +64,21 @@ def zlab_config(cfg) -> "object":
     return config
 
 
-def zlab_draft_model(ours, name: str):
-    """z-lab's ``DFlashDraftModel`` holding our drafter's weights (same dtype and device)."""
-    zlab = _zlab()
+def zlab_draft_model(ours, name: str, model_class=None, who: str = "z-lab's DFlashDraftModel"):
+    """z-lab's ``DFlashDraftModel`` holding our drafter's weights (same dtype and device); ``model_class``
+    another class of the same layout and config (DDTree's authors' copy of it), ``who`` names it in errors."""
+    if model_class is None:
+        model_class = _zlab().DFlashDraftModel
     cfg = ours.config
-    model = zlab.DFlashDraftModel(zlab_config(cfg))
+    model = model_class(zlab_config(cfg))
     state = {k: v for k, v in ours.state_dict().items() if k != "vocab_ids"}
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if not k.endswith(DERIVED)]
     if missing or unexpected:
-        raise SpecbenchError(f"{name}: z-lab's DFlashDraftModel rejects this drafter's layout (it lacks "
+        raise SpecbenchError(f"{name}: {who} rejects this drafter's layout (it lacks "
                              f"{', '.join(missing[:4]) or 'nothing'}; it has no place for {', '.join(unexpected[:4]) or 'nothing'})")
     if list(model.target_layer_ids) != list(cfg.target_layer_ids) or model.block_size != cfg.block_size:
-        raise SpecbenchError(f"{name}: z-lab's DFlashDraftModel reads different target layers or block size from "
+        raise SpecbenchError(f"{name}: {who} reads different target layers or block size from "
                              "this drafter's config")
     param = next(ours.parameters())
     return model.to(device=param.device, dtype=param.dtype).eval().requires_grad_(False)
@@ -199,7 +201,7 @@ class ZLabMarginalsDDTree(DDTreeDrafter):
 class ZLabDDTreeDrafterSide:
     name = "ddtree"
     reference = "z-lab dflash (DFlashDraftModel) in our DDTree loop"
-    notes = ("drafter side only: z-lab's package has no tree loop (DDTree's authors publish theirs on GitHub only), "
+    notes = ("drafter side only: z-lab's package has no tree loop (the DDTree authors' own loop is the ddtree row), "
              "so z-lab's DFlashDraftModel with our drafter's weights computes the block marginals inside our engine "
              "(our best-first heap, our tree verify); identical drafts check the drafter forward, and the speed "
              "ratio compares the two drafter forwards and their context caches (theirs a DynamicCache with crop).")

@@ -42,6 +42,22 @@ def _git_sha() -> str:
         return "unknown"
 
 
+def git_dirty(where: Path = Path(__file__).parent) -> dict | None:
+    """What a dirty working tree changes against HEAD (tracked files): the sha256 of ``git diff HEAD`` and the
+    changed files' names, so a record made from uncommitted code says which code it was; None when clean or
+    outside a git checkout."""
+    here = where
+    try:
+        names = subprocess.run(["git", "diff", "HEAD", "--name-only"], cwd=here, capture_output=True, text=True,
+                               timeout=10)
+        if names.returncode != 0 or not names.stdout.strip():
+            return None
+        diff = subprocess.run(["git", "diff", "HEAD", "--binary"], cwd=here, capture_output=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"diff_sha256": hashlib.sha256(diff).hexdigest(), "files": names.stdout.split()}
+
+
 def _cpu_model() -> str:
     return cpu_fields().get("model name") or platform.processor() or platform.machine()
 
@@ -77,7 +93,8 @@ def hardware(device: torch.device | str) -> str:
 
 def environment_metadata(device: torch.device | str) -> dict:
     """Where and with what a run was made (not part of the config hash)."""
-    return {"git_sha": _git_sha(), "versions": _versions(), "hardware": hardware(device), "device": str(device),
+    dirty = git_dirty()
+    return {"git_sha": _git_sha(), **({"git_dirty": dirty} if dirty else {}), "versions": _versions(), "hardware": hardware(device), "device": str(device),
             "cpu": _cpu_model(), "threads": torch.get_num_threads(), "platform": platform.platform()}
 
 
