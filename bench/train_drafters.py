@@ -37,7 +37,6 @@ FAST = ["--epochs", "1", "--dtype", "bfloat16", "--max-length", "384"]
 FAST_2_EPOCHS = ["--epochs", "2", *FAST[2:]]  # the same, two epochs
 # SpecBlock keeps the paper's 2 target-shaped layers; a 1,024-token head keeps it under 20 MiB.
 SPECBLOCK_HEAD = ["--draft-vocab", "1024", "--rank-hidden", "128"]
-SPECBLOCK = ["specblock", *FAST_2_EPOCHS, *SPECBLOCK_HEAD]
 # SpecBlock's ablation table: four drafters (three ablated, one full) trained alike, 400 steps (0.44 epoch) on
 # a cosine schedule of their own. float32, so all four train the same way on whichever CPU each one gets
 # (bf16 is native on some CPUs and emulated, several times slower, on others): 7-22 s per step on a 2-core
@@ -46,12 +45,12 @@ ABLATION_STEPS = 400
 SPECBLOCK_ABLATION = ["specblock", "--epochs", "1", "--dtype", "float32", "--max-length", "384",
                       "--max-steps", str(ABLATION_STEPS), *SPECBLOCK_HEAD]
 # SpecBlock and EAGLE-3, the pair the SpecBlock paper compares, train on one budget: the same answers, six epochs on
-# one cosine schedule, the same draft vocabulary, batch, learning rate and sequence length, until both held-out curves
-# plateau (the learning-curve rule: under 1% over the last third). (Their first drafters trained one epoch, then a
-# second on a restarted schedule, and were both still improving.)
-EQUAL_BUDGET = ["--epochs", "6", *FAST[2:], "--draft-vocab", "4096", "--lr", "0.001", "--batch-size", "8",
-                "--eval-every", "200"]
-EXTENDED: tuple[str, ...] = ()
+# one cosine schedule, the same batch, learning rate, sequence length and evaluation points, until both held-out
+# curves plateau (the learning-curve rule: under 1% over the last third). Their draft vocabularies differ: each is the
+# largest its drafter folder's 20 MiB allows (SpecBlock's two target-shaped layers leave room for 1,024 tokens,
+# EAGLE-3's one layer for 4,096). (Their first drafters trained one epoch, then a second on a restarted schedule,
+# and were both still improving.)
+EQUAL_BUDGET = ["--epochs", "6", *FAST[2:], "--lr", "0.001", "--batch-size", "8", "--eval-every", "200"]
 # SpecBlock's ablation table compares drafters trained alike: the three ablated drafters and
 # `specblock-400-steps`, the full drafter on the same schedule, shipped as the table's base. All four start from
 # the identity W_shift (those with a shift); the two-epoch `specblock` predates it and started from a random one.
@@ -76,8 +75,8 @@ def recipes(runs: Path) -> dict[str, list[str]]:
     # of the paper's 50 (the student's drafts past 8 are almost never accepted; later positions reuse e_8).
     PACER = ["pacer", "--draft", str(runs / "sps" / "drafter"), "--epochs", "2", "--window", "8", "--limit", "600"]
     return {
-        "eagle3": ["eagle3", *EQUAL_BUDGET],
-        "specblock": SPECBLOCK,
+        "eagle3": ["eagle3", *EQUAL_BUDGET, "--draft-vocab", "4096"],
+        "specblock": ["specblock", *EQUAL_BUDGET, *SPECBLOCK_HEAD],
         # Two layers (the default three are 22 MiB in bf16, over the 20 MiB a shipped drafter may take);
         # two epochs: a block drafter predicts 15 positions from one anchor and learns slower than EAGLE-3.
         # Its held-out pass scores every anchor of every answer (~4.5 min here): every 200 steps, not 100.
@@ -107,15 +106,6 @@ def data_options(argv: list[str]) -> list[str]:
 
 def command(runs: Path, name: str, argv: list[str]) -> list[str]:
     return ["train", *argv, "--target", target_of(name)[0], *data_options(argv), "--out", str(runs / name)]
-
-
-def stages(name: str, argv: list[str]) -> list[list[str]]:
-    """The recipe as it runs: an EXTENDED drafter first trains one epoch, then continues to its --epochs."""
-    epochs = epochs_of(argv)
-    if name not in EXTENDED or not epochs or epochs == 1:
-        return [argv]
-    at = argv.index("--epochs") + 1
-    return [argv[:at] + [str(e)] + argv[at + 1:] for e in range(1, epochs + 1)]
 
 
 def epochs_of(argv: list[str]) -> int | None:
@@ -170,8 +160,7 @@ def main() -> None:
         if args.only and name not in args.only:
             continue
         if args.list:
-            for stage in stages(name, argv):
-                print(shlex.join(["specbench", *command(runs, name, stage)]))
+            print(shlex.join(["specbench", *command(runs, name, argv)]))
         elif args.install:
             print(f"{name}: {install(runs, name)}" if finished(runs, name, epochs_of(argv))
                   else f"{name}: not finished, skipped")
@@ -180,14 +169,11 @@ def main() -> None:
         elif (missing := unfetched(name, argv)):
             print(f"{name}: skipped, {missing} is not assembled; run: specbench fetch {missing}")
         else:
-            for stage in stages(name, argv):
-                if finished(runs, name, epochs_of(stage)):
-                    continue
-                full = command(runs, name, stage)
-                print(f"[{time.strftime('%H:%M:%S')}] {shlex.join(['specbench', *full])}", flush=True)
-                code = subprocess.call([sys.executable, "-m", "specbench.cli", *full])
-                if code:
-                    sys.exit(f"train_drafters: {name} stopped with exit code {code}; rerun to resume it")
+            full = command(runs, name, argv)
+            print(f"[{time.strftime('%H:%M:%S')}] {shlex.join(['specbench', *full])}", flush=True)
+            code = subprocess.call([sys.executable, "-m", "specbench.cli", *full])
+            if code:
+                sys.exit(f"train_drafters: {name} stopped with exit code {code}; rerun to resume it")
 
 
 if __name__ == "__main__":

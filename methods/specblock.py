@@ -19,9 +19,14 @@ Each propose call makes M drafter forwards:
    log-probability are kept, ancestor-closed. The tree is deterministic: rule A at T > 0.
 
 The drafter keeps K cache entries per committed position (every slot of its block-1 forward);
-cross-block keys are transient. Variants: ``specblock-no-broadcast``, ``-no-shift``,
-``-no-valid-prefix`` load drafters trained without that component; ``specblock-uniform-tree``
-replaces rank-guided branching by a fixed top-k at every slot under the same node budget.
+cross-block keys are transient. ``bonus_row`` picks how block 1 reads the last committed pair
+(specblock_model.py): ``once``, its cached group is block 1; ``duplicate`` (the authors' inference
+code), a transient copy one position later that sees every cached group, the pair's own included.
+A drafter runs the convention its checkpoint records unless told otherwise.
+
+Variants: ``specblock-no-broadcast``, ``-no-shift``, ``-no-valid-prefix`` load drafters trained
+without that component; ``specblock-uniform-tree`` replaces rank-guided branching by a fixed top-k
+at every slot under the same node budget.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import torch
 from methods.tree_select import select_nodes
 from methods.checkpoints import shipped_drafter
 from methods.specblock_checkpoint import load_specblock
-from methods.specblock_model import NUM_BUCKETS, KV, SpecBlockModel, rank_to_bucket
+from methods.specblock_model import NUM_BUCKETS, KV, SpecBlockModel, draft_row_offset, rank_to_bucket
 from methods.specblock_train import block1_mask
 from specbench.engine.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
@@ -59,6 +64,11 @@ class SpecBlockOptions:
     trim: float = option(0.0, "> 0: a slot whose greedy probability >= trim attaches only the greedy token "
                               "(reference knob).", ge=0, le=1)
     uniform_width: int = option(0, "> 0: ignore the rank head; every slot attaches this many tokens (ablation).", ge=0)
+    bonus_row: Literal["trained", "once", "duplicate"] = option(
+        "trained", "Block 1's reading of the last committed pair: once = its cached row group is block 1 (ours, "
+                   "the paper's); duplicate = a copy one position later that also sees that group (the authors' "
+                   "inference code); trained = what the drafter's checkpoint records (once if it records none). "
+                   "Each record's extra says which ran.")
 
     def check(self, owner: str) -> None:
         if len(self.branching) != NUM_BUCKETS:
@@ -127,6 +137,8 @@ class SpecBlockDrafter(Drafter):
         self.model.to(device=target.device, dtype=target.dtype).eval()
         self.taps = self.model.taps
         o = self.options
+        self.trained_bonus_row = self.model.config.bonus_row
+        self.bonus_row = self.trained_bonus_row if o.bonus_row == "trained" else o.bonus_row
         self.width = min(max(o.beam_width, *o.branching, o.uniform_width, 1), self.model.config.draft_vocab_size)
         self.draft_index = self.model.draft_index().cpu()
         self.stats = RankStats()
@@ -143,24 +155,24 @@ class SpecBlockDrafter(Drafter):
         self.stats.observe(self._chain, result, self.draft_index)
 
     def end(self, state: DecodeState) -> dict:
-        return self.stats.summary()
+        # which block-1 convention ran, and which the drafter was trained with
+        return {**self.stats.summary(), "bonus_row": self.bonus_row, "bonus_row_trained": self.trained_bonus_row}
 
     # ---- one propose call ----------------------------------------------------------------
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> DraftTree:
         k = self.model.K
-        out = self._encode(state)
+        out, transient, rows = self._encode(state)
         trie = _Trie()
         block = self._block(out.logits[0, -k:], out.rank_logits[0, -k:])
-        n_cache = self.cache[0][0].shape[2]
-        older = torch.ones(n_cache, dtype=torch.bool)
-        older[-k:] = False  # the last position's slots are on-path only up to the start's slot
+        # rows: cache then transient; block 1 is the last K of them (the last cached group, or the copy)
+        older = torch.ones(rows, dtype=torch.bool)
+        older[-k:] = False  # block 1's slots are on-path only up to the start's slot
         self._chain = ChainRecord(out.logits[0, -k:].float().cpu(), block.buckets,
                                   hidden=self.model.norm(out.hidden[0, -k:]).float().cpu(), position=self.encoded - 1)
         slot_starts = self._expand(trie, -1, 0.0, block, first=True, chain=self._chain.nodes)
-        starts = [_Start(node, out.hidden[0, slot - k], _with_slots(older, n_cache - k, slot))
+        starts = [_Start(node, out.hidden[0, slot - k], _with_slots(older, rows - k, slot))
                   for node, slot in slot_starts]
-        transient: list[KV] = [(c[0][:, :, :0], c[1][:, :, :0]) for c in self.cache]
         for _ in range(1, self.options.blocks):
             chosen = self._choose(trie, starts)
             if not chosen:
@@ -178,29 +190,43 @@ class SpecBlockDrafter(Drafter):
             return self._to_tree(trie)
 
     def _encode(self, state: DecodeState):
-        """Block 1 for every newly committed pair (taps j, token j+1); all K slots of each are cached."""
+        """Every newly committed pair (taps j, token j+1) as K cached rows, and block 1 in one forward.
+        Returns block 1's output (its last K rows), the transient rows' keys/values (none for ``once``,
+        where the last pair's group is block 1; the copy's for ``duplicate``) and the number of rows
+        (cache, then transient) a start's visibility covers."""
         m, k = self.model, self.model.K
         device = self.target.device
         start = self.encoded
+        condition = self.pending[None]
         ids = torch.tensor([state.tokens[start + 1:]], device=device)
         g = ids.shape[1]
-        positions = torch.arange(start, start + g, device=device)[:, None] + 1 + torch.arange(k, device=device)
-        visible = torch.cat([torch.ones(g * k, start * k, dtype=torch.bool, device=device),
-                             block1_mask(g, k, device)], 1)
+        copy = self.bonus_row == "duplicate"
+        if copy:  # the last pair once more, as one more group one position later
+            condition = torch.cat([condition, condition[:, -1:]], 1)
+            ids = torch.cat([ids, ids[:, -1:]], 1)
+        groups = g + copy
+        positions = torch.arange(start, start + groups, device=device)[:, None] + 1 + torch.arange(k, device=device)
+        visible = torch.cat([torch.ones(groups * k, start * k, dtype=torch.bool, device=device),
+                             block1_mask(groups, k, device)], 1)
         with state.timer.forward("drafter"):
-            out = m(self.pending[None], ids, positions.reshape(1, -1), visible, past=self.cache)
-        self.cache = out.kv if self.cache is None else [
-            (torch.cat([c[0], n[0]], 2), torch.cat([c[1], n[1]], 2)) for c, n in zip(self.cache, out.kv)]
+            # the copy's heads only: the context rows' keys/values are all that is read of them
+            heads = {"heads_from": g * k} if copy else {}
+            out = m(condition, ids, positions.reshape(1, -1), visible, past=self.cache, **heads)
+        kept = [(key[:, :, : g * k], value[:, :, : g * k]) for key, value in out.kv]
+        transient = [(key[:, :, g * k:], value[:, :, g * k:]) for key, value in out.kv]
+        self.cache = kept if self.cache is None else [
+            (torch.cat([c[0], n[0]], 2), torch.cat([c[1], n[1]], 2)) for c, n in zip(self.cache, kept)]
         self.encoded += g
         self.pending = self.pending[:0]
-        return out
+        return out, transient, self.encoded * k + copy * k
 
     def _run_starts(self, state: DecodeState, trie: "_Trie", chosen: list[_Start], transient: list[KV]):
         """One batched forward over every start (K slots each): each sees its visible rows and itself causally."""
         m, k = self.model, self.model.K
         device = self.target.device
         g = len(chosen)
-        positions = (self.encoded + torch.arange(k, device=device)).repeat(g)[None]  # block-1 ids of the last position
+        offset = draft_row_offset(self.bonus_row)
+        positions = (self.encoded + offset + torch.arange(k, device=device)).repeat(g)[None]  # block 1's ids
         seen = torch.stack([s.visible for s in chosen]).repeat_interleave(k, 0)
         group = torch.arange(g * k) // k
         own = block1_mask(g, k) & (group[None] == group[:, None])

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from methods.specblock import SpecBlockDrafter, SpecBlockOptions
 from methods.specblock_model import SpecBlockModel, rank_features, rank_to_bucket
-from methods.specblock_train import block1_mask
+from methods.specblock_train import block1_pass
 from specbench.engine.drafter import DecodeState, VerifyResult
 from specbench.errors import SpecbenchError
 from specbench.options import option
@@ -292,8 +292,7 @@ class SpecBlockAdaptDrafter(SpecBlockDrafter):
         feats = torch.cat(log.features).to(device)
         n = feats.shape[0]
         tokens = torch.tensor([log.tokens[1: n + 1]], device=device)
-        positions = (torch.arange(n, device=device)[:, None] + 1 + torch.arange(k, device=device)).reshape(1, -1)
-        out = m(feats[None], tokens, positions, block1_mask(n, k, device))
+        out, _ = block1_pass(m, feats[None], tokens, self.bonus_row)  # the convention the query ran
         rows = torch.tensor([p.position * k + p.slot for p in log.points], device=device)
         return m.norm(out.hidden[0, rows])
 

@@ -11,6 +11,15 @@ last-layer state h^L for a cross-block start (W_cond bypassed). Rows are laid ou
 (row = g*K + k); attention is given as an explicit boolean mask so that training (all positions
 at once) and inference (cache + tree starts) share one code path.
 
+Block 1 reads the last committed pair (taps j, token j+1) in one of two conventions
+(``SpecBlockConfig.bonus_row``, what the drafter was trained with):
+
+* ``once`` (ours, the paper's): every committed pair is one group of K rows at rotary ids j+1..j+K,
+  attending to the earlier pairs' rows; the last pair's group *is* block 1 and stays in the cache.
+* ``duplicate`` (the authors' inference code): the committed pairs are context rows as above, and
+  block 1 is a second copy of the last pair one position later (ids j+2..j+K+1), attending to every
+  context row, the last pair's included; the copy is transient, like a block-2 start.
+
 Module names follow the published SpecBlock checkpoints (``input_layer.*``, ``layers.N.*``,
 ``shift_proj.N``, ``norm``, ``lm_head``, ``rank_head.0/2``), so both formats share one state dict.
 """
@@ -30,6 +39,7 @@ RANK_FEATURES = 15  # top-10 log-probs, 3 logit gaps, top-1 probability, entropy
 RANK_TOPK = 20  # log-sum-exp over the top-20 logits, in training and inference alike
 BUCKET_EDGES = (1, 4, 10)  # rank 1 | 2-4 | 5-10 | >10  ->  buckets 0, 1, 2, 3
 NUM_BUCKETS = 4
+BONUS_ROWS = ("once", "duplicate")  # block 1's reading of the last committed pair (module docstring)
 
 
 @dataclass
@@ -40,10 +50,22 @@ class SpecBlockConfig(LayerShapes):
     prefix_broadcast: bool = True  # False: only slot 0 receives c and the token embedding (ablation)
     layer_shift: bool = True  # False: no W_shift between layers (ablation)
     rank_hidden: int = 256  # width of the rank head's MLP (the paper leaves it open)
+    # The block-1 convention the drafter was trained with (module docstring); checkpoints saved before
+    # the field existed were trained "once".
+    bonus_row: str = "once"
+
+    def __post_init__(self) -> None:
+        if self.bonus_row not in BONUS_ROWS:
+            raise SpecbenchError(f"SpecBlock bonus_row must be one of {', '.join(BONUS_ROWS)} (got {self.bonus_row!r})")
 
     @classmethod
     def from_target(cls, target, draft_vocab: int, **overrides) -> "SpecBlockConfig":
         return cls(**target_layer_shapes(target), draft_vocab_size=draft_vocab, **overrides)
+
+
+def draft_row_offset(bonus_row: str) -> int:
+    """Block 1's rotary ids start ``j + 1 + offset`` for the last committed pair j (module docstring)."""
+    return BONUS_ROWS.index(bonus_row)
 
 
 def rank_features(logits: torch.Tensor) -> torch.Tensor:
@@ -179,12 +201,14 @@ class SpecBlockModel(nn.Module):
         return F.linear(x, w[:, :h]) + F.linear(prev, w[:, h:])
 
     def forward(self, condition: torch.Tensor, token_ids: torch.Tensor, positions: torch.Tensor,
-                visible: torch.Tensor, past: list[KV] | None = None) -> BlockOutput:
+                visible: torch.Tensor, past: list[KV] | None = None, heads_from: int = 0) -> BlockOutput:
         """G blocks in one pass.
 
         condition [B, G, 3H | H]; token_ids [B, G] target ids; positions [B, G*K] rotary ids;
         visible [B?, G*K, S + G*K] bool (True = attend) over ``past`` rows (S per layer) then the
-        new rows. Returns per-row outputs and the new rows' keys/values (not concatenated to past)."""
+        new rows. Returns per-row outputs and the new rows' keys/values (not concatenated to past);
+        ``heads_from`` > 0 returns hidden states, logits and rank logits of the rows from there on only
+        (context rows whose keys/values are all that is read), keys/values of every new row."""
         x = self.input_layer(condition.to(self.dtype), self.embed(token_ids))
         cos, sin = self.rotary(positions, x.dtype)
         kv: list[KV] = []
@@ -193,6 +217,7 @@ class SpecBlockModel(nn.Module):
                 x = self._shift(x, i - 1)
             x, layer_kv = layer(x, cos, sin, visible, None if past is None else past[i])
             kv.append(layer_kv)
+        x = x[:, heads_from:] if heads_from else x
         normed = self.norm(x)
         logits = self.lm_head(normed)
         rank_in = torch.cat([normed.detach(), rank_features(logits).to(normed.dtype)], -1)

@@ -13,6 +13,12 @@ detached) with token x_{j+1+s}; it attends to block-1 keys of earlier positions 
 slots 0..s-1 of its own position, exactly what a block-2 start sees at inference. Its mask
 restarts (as the reference does). The rank loss switches on at ``rank_start`` steps; block 2 trains
 from ``cross_block_start`` (paper: from the start; the reference ties it to the rank start).
+
+Both block-1 conventions train (``SpecBlockConfig.bonus_row``, see specblock_model.py): ``once``
+supervises each pair's own group of rows; ``duplicate`` runs the pairs as context rows and supervises
+a copy of each pair one position later that sees the context rows up to its own pair (what the
+authors' inference code drafts from). Block 2 then sees the context rows up to its anchor and the
+anchor copy's slots 0..s-1.
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from methods.specblock_model import NUM_BUCKETS, BlockOutput, SpecBlockModel, rank_to_bucket
+from methods.layers import KV
+from methods.specblock_model import NUM_BUCKETS, BlockOutput, SpecBlockModel, draft_row_offset, rank_to_bucket
 from specbench.training.batch import TrainBatch
 
 
@@ -48,15 +55,54 @@ def block1_mask(groups: int, k: int, device=None) -> torch.Tensor:
     return (pos[None] < pos[:, None]) | ((pos[None] == pos[:, None]) & (slot[None] <= slot[:, None]))
 
 
-def cross_block_mask(anchors: torch.Tensor, cuts: torch.Tensor, groups: int, k: int) -> torch.Tensor:
-    """[B, A*K, G*K + A*K] bool for block-2 rows started at ``anchors`` [B, A] with cuts s [B, A]:
-    block-1 slots of earlier positions, block-1 slots 0..s-1 of the anchor, causal within itself."""
+def duplicate_mask(groups: int, k: int, device=None) -> torch.Tensor:
+    """[2*G*K, 2*G*K] bool for the ``duplicate`` convention: G pairs' context rows (``block1_mask``
+    among themselves), then G block-1 copies; copy j sees every context row of pairs <= j and its
+    own slots <= a, no other copy."""
+    pos = torch.arange(groups * k, device=device) // k
+    slot = torch.arange(groups * k, device=device) % k
+    own = (pos[None] == pos[:, None]) & (slot[None] <= slot[:, None])
+    context = torch.cat([block1_mask(groups, k, device), torch.zeros_like(own)], 1)
+    copies = torch.cat([pos[None] <= pos[:, None], own], 1)
+    return torch.cat([context, copies], 0)
+
+
+def block1_pass(model: SpecBlockModel, condition: torch.Tensor, tokens: torch.Tensor,
+                bonus_row: str = "once") -> tuple[BlockOutput, list[KV]]:
+    """Block 1 at every index j of T pairs (condition [B, T, 3H], tokens x_{j+1} [B, T]) in the given
+    convention: the block-1 rows' output [B, T*K] (their keys/values in ``kv``), and every row's
+    keys/values that a block 2 attends to (``once``: the same rows; ``duplicate``: the context rows,
+    then the copies)."""
+    b, t = tokens.shape
+    k = model.K
+    ids = torch.arange(t, device=tokens.device)[:, None] + 1 + torch.arange(k, device=tokens.device)
+    if bonus_row == "once":
+        out = model(condition, tokens, ids.reshape(1, -1).expand(b, -1), block1_mask(t, k, tokens.device))
+        return out, out.kv
+    positions = torch.cat([ids, ids + draft_row_offset(bonus_row)]).reshape(1, -1).expand(b, -1)
+    out = model(torch.cat([condition, condition], 1), torch.cat([tokens, tokens], 1), positions,
+                duplicate_mask(t, k, tokens.device), heads_from=t * k)
+    every = out.kv
+    out.kv = [(key[:, :, t * k:], value[:, :, t * k:]) for key, value in every]
+    return out, every
+
+
+def cross_block_mask(anchors: torch.Tensor, cuts: torch.Tensor, groups: int, k: int,
+                     bonus_row: str = "once") -> torch.Tensor:
+    """[B, A*K, R*K + A*K] bool for block-2 rows started at ``anchors`` [B, A] with cuts s [B, A] over
+    ``block1_pass``'s rows (R = G once, 2G duplicate), then themselves: once, block-1 slots of earlier
+    positions and slots 0..s-1 of the anchor; duplicate, the context rows of pairs <= the anchor and
+    the anchor copy's slots 0..s-1; causal within itself."""
     device = anchors.device
     pos = torch.arange(groups * k, device=device) // k
     slot = torch.arange(groups * k, device=device) % k
     j = anchors.repeat_interleave(k, 1)[..., None]  # [B, A*K, 1]
     s = cuts.repeat_interleave(k, 1)[..., None]
-    old = (pos < j) | ((pos == j) & (slot < s))
+    on_path = (pos == j) & (slot < s)
+    if bonus_row == "once":
+        old = (pos < j) | on_path
+    else:
+        old = torch.cat([(pos <= j).expand_as(on_path), on_path], -1)
     own = block1_mask(anchors.shape[1], k, device) & (
         (torch.arange(anchors.shape[1] * k, device=device) // k)[None] ==
         (torch.arange(anchors.shape[1] * k, device=device) // k)[:, None])
@@ -93,21 +139,20 @@ class SpecBlockLoss:
         # ---- block 1 at every index ------------------------------------------------------
         slots = torch.arange(k, device=device)
         index = torch.arange(t, device=device)[:, None] + slots  # j + k
-        positions = (index + 1).reshape(1, -1).expand(b, -1)
         tokens = F.pad(batch.input_ids[:, 1:], (0, 1))  # x_{j+1}
-        out1 = m(m.features(batch.taps), tokens, positions, block1_mask(t, k, device))
+        out1, past = block1_pass(m, m.features(batch.taps), tokens, m.config.bonus_row)
         metrics: dict[str, float] = {}
         total, ranks = self._block_terms(out1, restricted, wanted, in_vocab, index.expand(b, -1, -1), full_objective,
                                          metrics, "")
         if full_objective:
             total = total + ranks
         if cross_block and self.settings.cross_fraction > 0:
-            t2, r2 = self._block2(batch, out1, restricted, wanted, in_vocab, metrics, full_objective)
+            t2, r2 = self._block2(batch, out1, past, restricted, wanted, in_vocab, metrics, full_objective)
             total = total + t2 + r2
         metrics["loss"] = float(total.detach())
         return total, metrics
 
-    def _block2(self, batch, out1: BlockOutput, restricted, wanted, in_vocab, metrics,
+    def _block2(self, batch, out1: BlockOutput, past: list[KV], restricted, wanted, in_vocab, metrics,
                 with_rank: bool) -> tuple[torch.Tensor, torch.Tensor]:
         m, k = self.model, self.model.K
         b, t = batch.input_ids.shape
@@ -120,9 +165,10 @@ class SpecBlockLoss:
         start_token = (anchors + cuts).clamp(max=t - 1)  # x_{j+1+s}
         tokens = batch.input_ids.gather(1, start_token)
         slots = torch.arange(k, device=device)
-        positions = (anchors[..., None] + 1 + slots).reshape(b, -1)  # block-1 ids of the anchor
-        visible = cross_block_mask(anchors, cuts, t, k)
-        out2 = m(condition, tokens, positions, visible, past=out1.kv)
+        bonus_row = m.config.bonus_row
+        positions = (anchors[..., None] + 1 + draft_row_offset(bonus_row) + slots).reshape(b, -1)  # block 1's ids
+        visible = cross_block_mask(anchors, cuts, t, k, bonus_row)
+        out2 = m(condition, tokens, positions, visible, past=past)
         index = (anchors + cuts)[..., None] + slots  # target-logit index j+s+k for slot k
         ok = (anchors + cuts < t)[..., None]  # the start token exists
         return self._block_terms(out2, restricted, wanted, in_vocab, index, with_rank, metrics, "b2_", ok)

@@ -34,6 +34,10 @@ class SpecBlockTrainOptions(TrainOptions):
     block_size: int = option(4, "K: dependent slots per drafter forward.", ge=1)
     layers: int = option(2, "Drafter decoder layers (the target's layer shapes).", ge=1)
     rank_hidden: int = option(256, "Width of the rank head's MLP.", ge=1)
+    bonus_row: str = option(
+        "once", "Block 1's reading of the last committed pair: once = each pair's own row group (ours, the "
+                "paper's); duplicate = a copy one position later that also sees its pair's row group (the "
+                "authors' inference code). Recorded in the checkpoint; the drafter runs it by default.")
     rank_start: Optional[int] = option(None, "Steps before the rank loss starts (paper 2,000 of ~20 epochs; default: "
                                              "25% of the steps).", ge=0)
     cross_block_start: int = option(0, "Steps before block-2 training starts (paper 0; reference: the rank start).",
@@ -56,6 +60,8 @@ class SpecBlockTrainer(MethodTrainer):
     def check(self, o: SpecBlockTrainOptions) -> None:
         if o.normalise not in ("slot", "block"):
             raise SpecbenchError(f"--normalise must be 'slot' or 'block' (got {o.normalise!r})")
+        if o.bonus_row not in ("once", "duplicate"):
+            raise SpecbenchError(f"--bonus-row must be 'once' or 'duplicate' (got {o.bonus_row!r})")
         known = variants()
         if o.variant not in known:
             raise SpecbenchError(f"unknown SpecBlock variant {o.variant!r}; choose from {', '.join(known)}")
@@ -75,7 +81,7 @@ class SpecBlockTrainer(MethodTrainer):
         d2t, t2d, coverage = build_vocab_mapping(token_counts(examples, t.vocab_size), o.draft_vocab)
         typer.echo(f"draft vocabulary {o.draft_vocab}: {100 * coverage:.2f}% of response tokens")
         config = SpecBlockConfig.from_target(t, o.draft_vocab, block_size=o.block_size, num_layers=o.layers,
-                                             rank_hidden=o.rank_hidden, **overrides)
+                                             rank_hidden=o.rank_hidden, bonus_row=o.bonus_row, **overrides)
         model = SpecBlockModel(config, eagle3_taps(t.num_layers), t.model.get_input_embeddings()).to(t.device)
         model.d2t.copy_(d2t)
         model.t2d.copy_(t2d)
@@ -85,7 +91,8 @@ class SpecBlockTrainer(MethodTrainer):
         settings = LossSettings(valid_prefix=valid, rank_start=start, cross_fraction=o.cross_fraction, decay=o.decay,
                                 normalise=o.normalise, cross_block_start=o.cross_block_start)
         recipe = recipe_for(o, variant=o.variant, draft_vocab=o.draft_vocab, vocab_coverage=coverage,
-                            block_size=o.block_size, layers=o.layers, rank_hidden=o.rank_hidden, rank_start=start,
+                            block_size=o.block_size, layers=o.layers, rank_hidden=o.rank_hidden,
+                            bonus_row=o.bonus_row, rank_start=start,
                             cross_fraction=o.cross_fraction, decay=o.decay, valid_prefix=valid,
                             normalise=o.normalise, cross_block_start=o.cross_block_start,
                             shift_init="identity" if config.layer_shift else "none")  # drafters before it: random

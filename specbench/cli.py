@@ -356,7 +356,8 @@ def parity(
 ) -> None:
     """Run METHOD and its authors' reference implementation interleaved in one process; write the per-prompt
     records and refresh the parity table (reports/parity_table.md, or results/gpu/ on CUDA)."""
-    from specbench.run.parity import ParityConfig, available_references, run_parity, table_folder
+    from specbench.run.parity import (ParityConfig, available_references, run_parity, table_folder,
+                                      unavailable_references)
 
     if all_methods == (method is not None):
         raise SpecbenchError("parity needs one METHOD or --all (methods with a reference: "
@@ -366,7 +367,12 @@ def parity(
                              "runs its defaults, or the options its reference declares; snapshots come from each "
                              "reference's environment variable)")
     refused: list[str] = []
-    for name in list(available_references()) if all_methods else [method]:
+    rows = list(available_references()) if all_methods else [method]
+    if all_methods:  # a method whose authors' code cannot give a row: its reason, then the others
+        for name, (_, reason) in unavailable_references().items():
+            err.print(f"{name}: no row ({_one_line(reason)[:160]}…)", highlight=False, soft_wrap=True)
+            rows.remove(name)
+    for name in rows:
         cfg = ParityConfig(method=name, bench=bench, limit=limit, max_new_tokens=max_new_tokens, target=target,
                            device=device, dtype=dtype, options=_parse_opts(opt, None), data_dir=data_dir,
                            out=str(out) if out else None, reference_src=reference_src)

@@ -276,6 +276,21 @@ def test_a_drafter_layout_the_reference_rejects_is_refused(models, capsys, tmp_p
     assert "z-lab's DFlashDraftModel reads different" in line
 
 
+@pytest.mark.parametrize("row, why", [("pacer", "no public code"), ("dvi", "not lossless")])
+def test_a_method_whose_authors_code_gives_no_row_is_refused_with_the_reason(row, why, capsys, tmp_path, monkeypatch):
+    line = refused([row], capsys, tmp_path, monkeypatch)
+    assert f"{row} has no parity row" in line and why in line
+
+
+def test_the_table_lists_the_methods_without_a_row(models, tmp_path, capsys):
+    out = tmp_path / "parity" / "sps_tiny.jsonl"
+    code, _, stderr = cli(["parity", "sps", "--target", models["target"], "--opt", f"draft={models['draft']}",
+                           "--limit", "1", "--max-new-tokens", "6", "--out", str(out)], capsys)
+    assert code == 0, stderr
+    without = (out.parent / "parity_table.md").read_text().split("Without a row:")[1]
+    assert "- dvi (" in without and "- pacer (" in without and "| dvi |" not in without
+
+
 def test_parity_needs_one_method_or_all(capsys, tmp_path, monkeypatch):
     assert "one METHOD or --all" in refused([], capsys, tmp_path, monkeypatch)
 

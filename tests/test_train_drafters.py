@@ -68,7 +68,7 @@ def test_a_recipe_with_more_epochs_than_its_finished_run_is_not_finished(tmp_pat
     (run / "config.json").write_text(json.dumps({"recipe": {"epochs": 1}}))
     assert module.finished(tmp_path, "eagle3", 1) and module.finished(tmp_path, "eagle3")
     assert not module.finished(tmp_path, "eagle3", 2)  # rerunning continues it from its checkpoint
-    assert module.epochs_of(module.recipes(tmp_path)["eagle3"]) == 2
+    assert module.epochs_of(module.recipes(tmp_path)["eagle3"]) == 6
 
 
 def test_a_recipe_overrides_the_shared_data_options_it_sets_itself(tmp_path):
@@ -79,31 +79,30 @@ def test_a_recipe_overrides_the_shared_data_options_it_sets_itself(tmp_path):
     assert module.data_options(plan["eagle3"]) == module.DATA
 
 
-def test_extended_drafters_train_one_epoch_then_continue_to_two(tmp_path):
+def test_specblock_and_eagle3_train_on_one_budget(tmp_path):
+    # The pair the SpecBlock paper compares: the same answers, epochs, schedule, batch, learning rate, length and
+    # evaluation points; only the method and its head (the largest draft vocabulary each 20 MiB folder holds) differ.
     module = load_script()
     plan = module.recipes(tmp_path)
-    for name in ("eagle3", "specblock"):
-        assert [module.epochs_of(s) for s in module.stages(name, plan[name])] == [1, 2], name
-    assert module.stages("dflash", plan["dflash"]) == [plan["dflash"]]  # one fresh two-epoch schedule
-    first, second = module.stages("specblock", plan["specblock"])
-    assert first[first.index("--epochs") + 1:] != second[second.index("--epochs") + 1:]
-    assert [a for a in first if a != "1"] == [a for a in second if a != "2"]  # nothing else differs
+    eagle3, specblock = plan["eagle3"], plan["specblock"]
+    assert eagle3[1:1 + len(module.EQUAL_BUDGET)] == specblock[1:1 + len(module.EQUAL_BUDGET)] == module.EQUAL_BUDGET
+    assert module.epochs_of(eagle3) == module.epochs_of(specblock) == 6
+    assert module.data_options(eagle3) == module.data_options(specblock) == module.DATA
+    assert eagle3[1 + len(module.EQUAL_BUDGET):] == ["--draft-vocab", "4096"]
+    assert specblock[1 + len(module.EQUAL_BUDGET):] == module.SPECBLOCK_HEAD
 
 
 def test_specblock_ablations_train_alike_on_a_short_schedule_of_their_own(tmp_path):
-    # The ablation table's base (specblock-400-steps) is SpecBlock's first stage cut to --max-steps 400 (its own
-    # cosine schedule) in float32 (native on every CPU); each ablated drafter differs from it by its --variant only.
+    # The ablation table's base (specblock-400-steps) is a 400-step cosine schedule of its own in float32 (native on
+    # every CPU) with the shipped SpecBlock's head; each ablated drafter differs from it by its --variant only.
     module = load_script()
     plan = module.recipes(tmp_path)
-    first = module.stages("specblock", plan["specblock"])[0]
     base = plan[module.ABLATION_BASE]
-    assert module.ABLATION_BASE == "specblock-400-steps" and module.stages(module.ABLATION_BASE, base) == [base]
-    assert base[base.index("--max-steps") + 1] == "400"
-    assert base[base.index("--dtype") + 1] == "float32" and first[first.index("--dtype") + 1] == "bfloat16"
-    assert [a for a in base if a not in ("--max-steps", "400", "float32")] == [a for a in first if a != "bfloat16"]
+    assert module.ABLATION_BASE == "specblock-400-steps"
+    assert base[base.index("--max-steps") + 1] == "400" and base[base.index("--dtype") + 1] == "float32"
+    assert base[-len(module.SPECBLOCK_HEAD):] == module.SPECBLOCK_HEAD
     for variant in ("no-broadcast", "no-shift", "no-valid-prefix"):
-        argv = plan[f"specblock-{variant}"]
-        assert module.stages(f"specblock-{variant}", argv) == [argv] and argv == [*base, "--variant", variant]
+        assert plan[f"specblock-{variant}"] == [*base, "--variant", variant]
 
 
 def test_another_targets_drafter_is_named_target_slash_name_and_installs_under_its_target(tmp_path, monkeypatch):

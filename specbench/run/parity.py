@@ -67,6 +67,9 @@ class Reference(Protocol):
     # repository it imports at run time; ``source`` is set from ``--reference-src`` before ``version``.
     repository: "Repository"
     source: str | None
+    # Optional: set (to the reason, one paragraph) by a registered method whose authors' code cannot give a
+    # row; the table lists it under "without a row", `parity ROW` refuses it, `--all` skips it.
+    unavailable: str
 
     def version(self) -> str: ...
 
@@ -100,6 +103,19 @@ def reference_for(row: str) -> Reference:
         raise SpecbenchError(f"the reference adapter of {row!r} ({refs[row]}) fails to import ({exc}); "
                              "reinstall the package that provides it") from None
     return cls()
+
+
+def unavailable_references() -> dict[str, tuple[str, str]]:
+    """row -> (reference, reason) of every registered reference that cannot give a row."""
+    found = {}
+    for row in available_references():
+        try:
+            ref = reference_for(row)
+        except SpecbenchError:
+            continue
+        if getattr(ref, "unavailable", None):
+            found[row] = (ref.reference, ref.unavailable)
+    return found
 
 
 def package_version(dist: str, install_hint: str = "pip install 'specbench[parity]'") -> str:
@@ -195,6 +211,8 @@ def run_parity(cfg: ParityConfig, progress=None) -> Path:
 
     _validate(cfg)
     reference = reference_for(cfg.method)
+    if getattr(reference, "unavailable", None):
+        raise SpecbenchError(f"{cfg.method} has no parity row: {reference.unavailable}")
     if cfg.reference_src is not None:
         if getattr(reference, "repository", None) is None:
             raise SpecbenchError(f"{cfg.method}'s reference ({reference.reference}) is an installed package, not a "
@@ -349,6 +367,10 @@ def write_table(folder: Path, out_dir: Path) -> list[Path]:
                        f"{h['versions'].get('transformers')}, {h['bench']} ×{h['limit']} prompts, "
                        f"{h['max_new_tokens']} new tokens" for h in headers})
     md += [f"- Measured on: {m}." for m in machines]
+    missing = unavailable_references()
+    if missing:
+        md += ["", "Without a row:", ""]
+        md += [f"- {row} ({reference}): {reason}" for row, (reference, reason) in missing.items()]
     md_path, csv_path = out_dir / f"{TABLE_NAME}.md", out_dir / f"{TABLE_NAME}.csv"
     md_path.write_text("\n".join(md) + "\n", encoding="utf-8")
     with open(csv_path, "w", newline="", encoding="utf-8") as fh:
