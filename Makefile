@@ -59,6 +59,8 @@ reference: setup-suffix
 
 # Every method that has a reference implementation beside its authors' own code, interleaved in one process
 # (needs `pip install -e '.[parity]'`; an idle machine: it times both sides), then reports/parity_table.md.
+# The rows that run the authors' GitHub code need a checkout each, named by SPECBENCH_REF_EAGLE (SafeAILab/EAGLE),
+# SPECBENCH_REF_DDTREE (liranringel/ddtree) and SPECBENCH_REF_SPECBLOCK (shiweijiezero/SpecBlock).
 # On a GPU: make parity PARITY_ARGS="--device cuda --dtype bfloat16" (-> results/gpu/parity_table.md).
 PARITY_ARGS ?= --bench humaneval --limit 12 --max-new-tokens 128
 parity:
