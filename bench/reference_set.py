@@ -97,6 +97,13 @@ GROUPS: dict[str, tuple[str, list[str]]] = {
     "pacer": ("pacer", ["pacer@threshold=0.15", "pacer-no-pos", "pacer-no-growth", "sps@gamma=2", "sps@gamma=4", "sps@gamma=6",
                         "sps@gamma=8", "sps-confidence"]),
 }
+# SpecBlock's two readings of the last committed pair (``bonus_row``): once, as the paper and the authors' training
+# code do (the shipped drafter is trained so), and duplicate, as the authors' inference code does. The same drafter
+# on both sides; labelled apart from the main table's `specblock`. Fewer prompts than the main group: one comparison.
+BONUS_ROW_GROUP = "specblock-bonus-row"
+BONUS_ROW_SIDES = ("specblock@bonus_row=once@label=specblock (bonus row once)",
+                   ["specblock@bonus_row=duplicate@label=specblock (bonus row duplicate)"])
+BONUS_ROW_LIMIT = 12
 # Prompt lookup's claim is about output that copies its input: summarization (CNN/DM, Spec-Bench's 80 articles),
 # where the training-free methods run beside the two strongest trained ones.
 COPY_BENCH = "cnn_dailymail"
@@ -184,6 +191,12 @@ def plan(limit: int, repeats: int, stream_limit: int, passes: int) -> list[tuple
         runs.append((out, ["run", *sides(*GROUPS["main"]), "--bench", bench, "--limit", str(min(limit, BF16_LIMIT)),
                            "--temperature", "0", "--out", out, *settings(dtype="bfloat16")]))
     runs += [stream(group, min(stream_limit, BF16_STREAM_LIMIT), "bfloat16") for group in STREAM_GROUPS]
+    for dtype, most in (("float32", BONUS_ROW_LIMIT), ("bfloat16", BF16_LIMIT)):
+        for bench in BENCHES:
+            group = BONUS_ROW_GROUP + (BF16_SUFFIX if dtype == "bfloat16" else "")
+            out = f"results/{group}_{bench}_{TARGET}_T0.jsonl"
+            runs.append((out, ["run", *sides(*BONUS_ROW_SIDES), "--bench", bench, "--limit", str(min(limit, most)),
+                               "--temperature", "0", "--out", out, *settings(dtype=dtype)]))
     pair_dtype = "float32" if emulated_bf16("cpu") else "bfloat16"
     for bench in PAIR_BENCHES:
         out = f"results/{PAIR_GROUP}_{bench}_{PAIR_TARGET}_T0.jsonl"

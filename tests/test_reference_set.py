@@ -42,7 +42,8 @@ def test_plan_covers_every_bench_method_and_claim():
         assert argv[argv.index("--max-new-tokens") + 1] == "128" and argv[argv.index("--out") + 1] == out
         assert argv[argv.index("--budget") + 1] == "16"  # every tree method at one node budget
         assert set(methods(argv)) <= set(available_methods())
-    extra = (module.BF16_GROUP + "_", module.PAIR_GROUP)  # the two settings of their own tables, fewer prompts
+    # the two settings of their own tables, and SpecBlock's one comparison of its two bonus-row readings: fewer prompts
+    extra = (module.BF16_GROUP + "_", module.PAIR_GROUP, module.BONUS_ROW_GROUP)
     t0 = [argv for out, argv in runs if out.endswith("_T0.jsonl") and "mixed" not in out and argv[0] == "run"
           and not Path(out).name.startswith(extra)]
     for bench in ("mt_bench", "humaneval", "math500", "natural_questions", "wmt23", "alpaca"):
@@ -146,3 +147,17 @@ def test_the_pair_group_runs_sps_and_its_variants_with_the_packaged_draft_beside
                                                                         if a == "--also" and "vanilla" not in argv[i + 1])])
     parity = [a for out, a in pair if a[0] == "parity"]
     assert len(parity) == 1 and parity[0][parity[0].index("--opt") + 1] == f"draft={module.PAIR_DRAFT}"
+
+
+def test_specblocks_two_bonus_row_readings_run_side_by_side_on_every_bench_in_fp32_and_bf16():
+    # once (the paper's, the authors' training code's, the shipped drafter's) against duplicate (the authors' inference
+    # code), interleaved in one file per bench and dtype, labelled apart from the main table's `specblock`
+    module, runs = load_plan()
+    for dtype, suffix, limit in (("float32", "", module.BONUS_ROW_LIMIT), ("bfloat16", module.BF16_SUFFIX, module.BF16_LIMIT)):
+        group = {a[a.index("--bench") + 1]: a for out, a in runs
+                 if Path(out).name.startswith(module.BONUS_ROW_GROUP + suffix + "_")}
+        assert set(group) == set(module.BENCHES)
+        for argv in group.values():
+            assert sides(argv) == ["specblock (bonus row once)", "specblock (bonus row duplicate)", "vanilla (A/A)"]
+            assert argv[argv.index("--dtype") + 1] == dtype and int(argv[argv.index("--limit") + 1]) == limit
+            assert "bonus_row=once" in argv and any("@bonus_row=duplicate@" in a for a in argv)
