@@ -103,7 +103,7 @@ GROUPS: dict[str, tuple[str, list[str]]] = {
 BONUS_ROW_GROUP = "specblock-bonus-row"
 BONUS_ROW_SIDES = ("specblock@bonus_row=once@label=specblock (bonus row once)",
                    ["specblock@bonus_row=duplicate@label=specblock (bonus row duplicate)"])
-BONUS_ROW_LIMIT = 12
+BONUS_ROW_LIMIT = 8  # prompts per bench (MT-Bench: both turns of each), as the bf16 groups
 # Prompt lookup's claim is about output that copies its input: summarization (CNN/DM, Spec-Bench's 80 articles),
 # where the training-free methods run beside the two strongest trained ones.
 COPY_BENCH = "cnn_dailymail"
