@@ -31,28 +31,41 @@ def config_hash(config: dict) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
+# What a run writes (records, tables, training runs) is not code: a tree whose only changes are there still ran the
+# committed code, so neither the dirty mark nor the diff hash looks at them.
+OUTPUTS = ("results", "reports", "runs")
+NOT_OUTPUTS = [".", *(f":(exclude,top){folder}" for folder in OUTPUTS)]
+
+
 def _git_sha() -> str:
     try:
         out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=Path(__file__).parent,
                              capture_output=True, text=True, timeout=5)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=Path(__file__).parent,
-                               capture_output=True, text=True, timeout=5).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *top_level(NOT_OUTPUTS)],
+                               cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5).stdout.strip()
         return out.stdout.strip() + ("-dirty" if dirty else "") if out.returncode == 0 else "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
 
+def top_level(pathspecs: list[str]) -> list[str]:
+    """Pathspecs relative to the checkout's top ('.' -> ':(top)'), whichever folder git runs in."""
+    return [":(top)" if spec == "." else spec for spec in pathspecs]
+
+
 def git_dirty(where: Path = Path(__file__).parent) -> dict | None:
-    """What a dirty working tree changes against HEAD (tracked files): the sha256 of ``git diff HEAD`` and the
-    changed files' names, so a record made from uncommitted code says which code it was; None when clean or
-    outside a git checkout."""
+    """What a dirty working tree changes against HEAD (tracked files, outputs aside): the sha256 of
+    ``git diff HEAD`` and the changed files' names, so a record made from uncommitted code says which code it
+    was; None when clean or outside a git checkout."""
     here = where
     try:
-        names = subprocess.run(["git", "diff", "HEAD", "--name-only"], cwd=here, capture_output=True, text=True,
-                               timeout=10)
+        paths = ["--", *top_level(NOT_OUTPUTS)]
+        names = subprocess.run(["git", "diff", "HEAD", "--name-only", *paths], cwd=here, capture_output=True,
+                               text=True, timeout=10)
         if names.returncode != 0 or not names.stdout.strip():
             return None
-        diff = subprocess.run(["git", "diff", "HEAD", "--binary"], cwd=here, capture_output=True, timeout=30).stdout
+        diff = subprocess.run(["git", "diff", "HEAD", "--binary", *paths], cwd=here, capture_output=True,
+                              timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     return {"diff_sha256": hashlib.sha256(diff).hexdigest(), "files": names.stdout.split()}
