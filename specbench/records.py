@@ -33,6 +33,7 @@ class GenerationRecord:
     load_avg: list[float] | None = None  # the machine's load average (1, 5, 15 min) when this turn finished
     divergence: dict | None = None  # T = 0 method turns: identical / near-tie / unexplained vs vanilla (divergence.py)
     chain_calls: int = -1  # verify calls whose draft was a chain (causal kernel; the rest were masked trees); -1: not recorded
+    forced: dict | None = None  # --check forced: this turn's verify rows against vanilla's, and the A/A side's (agreement.py)
 
     @property
     def num_new(self) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import Sequence
 
 import torch
 
@@ -123,6 +124,17 @@ def follow(tree: DraftTree, choices: list[int]) -> WalkResult:
 
 def greedy_walk(tree: DraftTree, logits: torch.Tensor) -> WalkResult:
     return follow(tree, logits.argmax(-1).tolist())
+
+
+def forced_walk(tree: DraftTree, logits: torch.Tensor, upcoming: Sequence[int]) -> WalkResult:
+    """Teacher forcing (T = 0): the greedy walk with the given next tokens in place of the target's
+    choices. A row at depth d chooses ``upcoming[d]``, so a node is accepted when it equals the token
+    forced at its depth and the bonus is the forced one; rows deeper than ``upcoming`` keep their argmax."""
+    choices = logits.argmax(-1).tolist()
+    for row, depth in enumerate([0, *tree.depths.tolist()]):
+        if depth < len(upcoming):
+            choices[row] = int(upcoming[depth])
+    return follow(tree, choices)
 
 
 def sample_and_match(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None) -> WalkResult:

@@ -115,6 +115,9 @@ class RunConfig:
     # drafted nodes per verify for every side with a budget option (Drafter.budget_option)
     budget: int | None = flag(None, "Drafted nodes per verify call for every side whose method has a "
                               "node-budget option (`specbench list methods` names it); a side's own setting wins.")
+    # an untimed check after each method turn (runner.CHECKS)
+    check: str | None = flag(None, "forced: after each method turn, an untimed pass that commits vanilla's tokens "
+                             "and compares every verify row with vanilla's (needs T = 0 and the vanilla baseline).")
     target_revision: str | None = flag(None, "Hub revision of --target (branch, tag or commit sha).")
     chat_template: str = flag("auto", "auto (tokenizer's template; vicuna_v1.1 for Vicuna models without one), "
                               "tokenizer, vicuna_v1.1 or plain.")  # prompts.TEMPLATES
@@ -147,6 +150,8 @@ class RunConfig:
             ident["repeats"] = self.repeats
         if self.budget is not None:
             ident["budget"] = self.budget
+        if self.check is not None:  # the records carry its figures
+            ident["check"] = self.check
         return ident
 
 

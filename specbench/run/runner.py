@@ -32,6 +32,7 @@ from specbench.run.benchmarks import Prompt, check_data_dir_option
 from specbench.engine.devices import choose_dtype, resolve_device
 from specbench.engine.drafter import Drafter
 from specbench.engine.registry import method_class, parse_options
+from specbench.engine.forced import forced_check
 from specbench.engine.loop import GenerationConfig, generate, generate_turns
 from specbench.errors import SpecbenchError
 from specbench.run.benchmarks import HEADER_KEY, category_header
@@ -48,6 +49,7 @@ from specbench.engine.verify import SamplingParams
 
 TREE_SLACK = 128  # room for a draft tree past max_new_tokens when checking the context window
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's placement strategies
+CHECKS = ("forced",)  # --check: untimed checks after each method turn
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,11 @@ def validate(cfg: RunConfig) -> None:
     if cfg.budget is not None and cfg.budget > LONGEST_CONTEXT:
         raise SpecbenchError(f"--budget must be <= {LONGEST_CONTEXT} drafted nodes (no model holds a longer context; "
                              f"got {cfg.budget})")
+    if cfg.check is not None and cfg.check not in CHECKS:
+        raise SpecbenchError(f"--check must be one of {', '.join(CHECKS)} (got {cfg.check!r})")
+    if cfg.check == "forced" and (cfg.temperature != 0 or cfg.baseline != BASELINE or cfg.method == BASELINE):
+        raise SpecbenchError("--check forced compares each method turn with vanilla's greedy turn: it needs "
+                             f"--temperature 0, --baseline {BASELINE} and a method other than {BASELINE}")
     if cfg.on_long_prompt not in ("skip", "fail"):
         raise SpecbenchError(f"--on-long-prompt must be 'skip' or 'fail' (got {cfg.on_long_prompt!r})")
     try:
@@ -248,6 +255,9 @@ class Runner:
         # so a resume reruns it).
         self.explain = with_baseline and self.sampling.greedy
         self.held: dict[tuple, GenerationRecord] = {}
+        # --check forced: vanilla's turns keep their logit rows until their query has ended (forced.py)
+        self.forced = cfg.check == "forced"
+        self.with_rows: list[GenerationRecord] = []
         learners = [label for label, d in self.sides if d.learns]
         if cfg.resume and self.store.done and learners:
             warnings.warn(f"resuming {', '.join(learners)}: what they learnt before the interruption is not restored, "
@@ -353,7 +363,8 @@ class Runner:
             return False
 
         def config_for(k: int) -> GenerationConfig:
-            return GenerationConfig(self.cfg.max_new_tokens, self.sampling, record_seed(self.cfg.seed, prompt.id, k))
+            return GenerationConfig(self.cfg.max_new_tokens, self.sampling, record_seed(self.cfg.seed, prompt.id, k),
+                                    keep_logits=self.forced and label == BASELINE)
 
         def finished(k: int) -> GenerationRecord | None:
             nonlocal turn
@@ -378,6 +389,8 @@ class Runner:
         twin = (record.bench, record.prompt_id, record.turn)
         if label == BASELINE:
             self.store.append(record)
+            if self.forced:
+                self.with_rows.append(record)
             for key in [k for k in self.held if k[1:] == twin]:
                 self._explain_and_append(self.held.pop(key), record)
         elif (base := self.store.done.get((BASELINE, *twin))) is not None:
@@ -398,12 +411,19 @@ class Runner:
                                                     getattr(record, "top_logits", None),
                                                     getattr(base, "top_logits", None), self.target.dtype,
                                                     divergence.layers_of(self.target.model))
+        if self.forced and base is not None:  # untimed: after the turn's clock has stopped
+            record.forced = forced_check(self.target, dict(self.sides)[record.method], base,
+                                         GenerationConfig(self.cfg.max_new_tokens, self.sampling, record.seed))
         self.store.append(record)
 
     def _release_held(self) -> None:
-        """After a query: method turns whose vanilla twin never ran are written without a divergence."""
+        """After a query: method turns whose vanilla twin never ran are written without a divergence, and
+        vanilla's logit rows (--check forced) are let go."""
         for key in list(self.held):
             self._explain_and_append(self.held.pop(key), None)
+        for record in self.with_rows:  # every side of the query has run: vanilla's rows are done with
+            record.logit_rows = None
+        self.with_rows.clear()
 
     def _warmup(self) -> None:
         """One short generation per side, discarded: first calls pay for allocation and kernels."""
