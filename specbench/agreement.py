@@ -26,9 +26,12 @@ from typing import Iterable, Sequence
 
 import torch
 
-# Largest |Δlogit| the engine allows an fp32 verify row against vanilla's one-row step. Measured on
-# SmolLM2-135M in fp32 (HumanEval prompts; SpS, PLD, EAGLE-3, SpecBlock, DDTree, Medusa): docs/usage.md.
-FP32_BOUND = 1e-4
+# Largest |Δlogit| the engine allows an fp32 verify row against vanilla's one-row step. On SmolLM2-135M in fp32
+# (3 HumanEval prompts x 64 tokens, 189 positions per method, shipped drafters) the largest seen was 7.7e-5
+# (DDTree, 33 rows; SpS 3.7e-5, PLD 3.7e-5, EAGLE-3 6.7e-5, SpecBlock 7.0e-5, Medusa 7.0e-5) and the A/A
+# chains' 7.2e-5: the batched forward's own rounding, tree or not. The bound leaves 6.5x room for other prompts
+# and row counts; the injected bugs of the tests move rows by 0.02 logit and more even on tiny random models.
+FP32_BOUND = 5e-4
 QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
 FIGURES = ("max", *QUANTILES, "top1", "margin_max", "margin_order")  # None where no position was checked
 

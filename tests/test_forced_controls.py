@@ -29,10 +29,10 @@ pytestmark = [pytest.mark.slow, needs_data]
 PROMPTS, MAX_NEW = 4, 48
 CONFIG = GenerationConfig(max_new_tokens=MAX_NEW)
 METHODS = ("sps", "pld", "eagle3", "specblock", "ddtree", "medusa")  # with the shipped drafters
-BUG_METHODS = [("positions", "sps"), ("positions", "eagle3"), ("stale-kv", "eagle3"), ("stale-kv", "specblock"),
-               ("sibling-mask", "eagle3"), ("sibling-mask", "specblock"), ("bonus-row", "sps"),
-               ("bonus-row", "eagle3")]
-FACTOR = 2.0
+# Each bug through a method that reaches it: a chain for what any accepted node exercises, trees for the gather and
+# the mask (both trees gave the same verdicts for every bug when measured; one each keeps the test short).
+BUG_METHODS = [("positions", "sps"), ("stale-kv", "eagle3"), ("sibling-mask", "specblock"), ("bonus-row", "eagle3")]
+FACTOR = 2.0  # measured: clean methods' largest max 0.84-1.09 (A/A 0.97-1.09), bugs' smallest 6.3
 
 
 @pytest.fixture(scope="module")
