@@ -204,7 +204,7 @@ def forced_frame(files: Sequence[ResultFile]) -> pd.DataFrame:
 
 def _fmt_quantiles(r: dict, side: str) -> str:
     values = [r[f"{side}_{k}"] for k in ("p50", "p90", "p99", "max")]
-    return DASH if any(v is None or v != v for v in values) else "/".join(f"{v:.2g}" for v in values)
+    return DASH if any(v is None or v != v for v in values) else "/".join(f"{v:.3g}" for v in values)
 
 
 def _fmt_share(x) -> str:
