@@ -100,3 +100,18 @@ def test_readme_quick_start_is_what_ci_and_make_run():
     assert job, "README has no main-job section with a bash block"
     run_recipe = _make_recipe("run")
     assert [line.replace("$(VENV)", ".venv") for line in run_recipe] == [job.group(1).strip()]
+
+
+@pytest.mark.parametrize("page", DOCS, ids=lambda p: p.relative_to(REPO).as_posix())
+def test_links_between_documents_resolve(page: Path):
+    """Every relative link of a page names a file of the project, and every #section one of its headings."""
+    text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.DOTALL)
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target):  # http(s):, mailto:
+            continue
+        path, _, section = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        if not linked.exists() or (section and linked.suffix == ".md" and section not in anchors(linked)):
+            broken.append(target)
+    assert not broken, f"{page.name}: links that lead nowhere: {broken}"

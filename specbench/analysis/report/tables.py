@@ -77,11 +77,16 @@ def streams_table(cells: pd.DataFrame, methods: pd.DataFrame, provenance: Sequen
                           cells, methods, provenance, bold, loaded, means, aa)
 
 
-def _spd_cell(spd: float, lo: float, hi: float, n, loaded: bool) -> str:
-    """'0.91× [0.88, 0.94] (n=24)', with the under-load mark."""
+def _spd_cell(spd: float, lo: float, hi: float, n, loaded: bool, bold: bool = False) -> Cell:
+    """'0.91× [0.88, 0.94] (n=24)', with the under-load mark; on the page '0.91×' (the rest on hover)."""
     if not finite(spd):
-        return DASH
-    return f"{fmt_ci(fmt_spd(spd), lo, hi, fmt_spd)} (n={int(n)})" + (f" {MARK}" if loaded else "")
+        return Cell(DASH, bold)
+    mark = f" {MARK}" if loaded else ""
+    return Cell(f"{fmt_ci(fmt_spd(spd), lo, hi, fmt_spd)} (n={int(n)})" + mark, bold, fmt_spd(spd) + mark)
+
+
+def _tau_cell(tau: float, lo: float, hi: float) -> Cell:
+    return Cell(fmt_ci(fmt_tau(tau), lo, hi, fmt_tau), False, fmt_tau(tau))
 
 
 def resolution_note(cells: pd.DataFrame, aa: bool = True) -> str | None:
@@ -149,18 +154,17 @@ def _speedup_table(name: str, title: str, spd_note: str, cells: pd.DataFrame, me
                 lo, hi = part.at[bench, "speedup_lo"], part.at[bench, "speedup_hi"]
                 tlo, thi = part.at[bench, "tau_lo"], part.at[bench, "tau_hi"]
                 n_all += int(n) if finite(spd) and bench in pooled else 0
-                row += [Cell(_spd_cell(spd, lo, hi, n, (*key, bench) in loaded), (*key, bench) in bold),
-                        Cell(fmt_ci(fmt_tau(tau), tlo, thi, fmt_tau))]
+                row += [_spd_cell(spd, lo, hi, n, (*key, bench) in loaded, (*key, bench) in bold),
+                        _tau_cell(tau, tlo, thi)]
                 data.update({f"{bench}_spd": spd, f"{bench}_spd_lo": lo, f"{bench}_spd_hi": hi, f"{bench}_tau": tau,
                              f"{bench}_tau_lo": tlo, f"{bench}_tau_hi": thi, f"{bench}_n": n})
             greedy, greedy_n = per_method.at[key, "greedy_match"], per_method.at[key, "greedy_n"]
             any_loaded = any((*key, b) in loaded for b in pooled)
             # A method that ran none of the pooled benches has no Mean (NaN, printed as a dash).
             mean_spd, mean_tau, mean_ideal, mean_eff = (pooled_means[c].get(key, math.nan) for c in pooled_means)
-            row += [Cell(_spd_cell(mean_spd, mean_of(key, "mean_spd_lo"), mean_of(key, "mean_spd_hi"), n_all,
-                                   any_loaded), (*key, MEAN) in bold),
-                    Cell(fmt_ci(fmt_tau(mean_tau), mean_of(key, "mean_tau_lo"), mean_of(key, "mean_tau_hi"),
-                                fmt_tau)),
+            row += [_spd_cell(mean_spd, mean_of(key, "mean_spd_lo"), mean_of(key, "mean_spd_hi"), n_all, any_loaded,
+                               (*key, MEAN) in bold),
+                    _tau_cell(mean_tau, mean_of(key, "mean_tau_lo"), mean_of(key, "mean_tau_hi")),
                     Cell(fmt_spd(mean_ideal)), Cell(fmt_pct(mean_eff)),
                     Cell(fmt_pct(per_method.at[key, "td"])),
                     Cell(f"{fmt_pct(greedy)} ({int(greedy_n)})" if greedy_n else DASH)]
@@ -206,9 +210,10 @@ def companion_table(cells: pd.DataFrame, provenance: Sequence[str] = ()) -> Tabl
         for r in sorted(block.itertuples(), key=lambda r: (r.method, bench_key(r.bench))):
             greedy = DASH if not finite(r.greedy_match) else f"{100 * r.greedy_match:.0f}%"
             rows.append([Cell(r.method), Cell(r.bench), Cell(str(r.n_prompts)),
-                         Cell(fmt_ci(fmt_spd(r.speedup), r.speedup_lo, r.speedup_hi, fmt_spd)),
+                         Cell(fmt_ci(fmt_spd(r.speedup), r.speedup_lo, r.speedup_hi, fmt_spd), False,
+                              fmt_spd(r.speedup)),
                          Cell(fmt_spd(r.speedup_decode)), Cell(fmt_spd(r.ideal_speedup)), Cell(fmt_pct(r.efficiency)),
-                         Cell(fmt_ci(fmt_tau(r.tau), r.tau_lo, r.tau_hi, fmt_tau)),
+                         _tau_cell(r.tau, r.tau_lo, r.tau_hi),
                          Cell(fmt_tau(r.tau_macro)), Cell(fmt_pct(r.td)), Cell(greedy),
                          Cell(fmt_tps(r.tokens_per_s)), Cell(fmt_tps(r.vanilla_tokens_per_s))])
             if r.reason:
