@@ -1,5 +1,5 @@
 """The documents read as documents: no line a reader must scroll sideways for, method notes the code
-can cite (every `docs/methods.md#section` the code names is a heading there), no citation of a
+can cite (every `docs/methods.md#<section>` the code names is a heading there), no citation of a
 document that is not in the project, and a README whose set-up commands are the ones CI runs."""
 
 from __future__ import annotations

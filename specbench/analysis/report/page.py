@@ -67,7 +67,7 @@ class Setting:
         pays, n = self.of(PAYS), len(self.bars)
         if not pays:
             best = self.bars[0]
-            return (f"None of {n} methods is faster than vanilla beyond its interval; the fastest, {best.label}, "
+            return (f"No method is faster than vanilla beyond its interval; the fastest of {n}, {best.label}, "
                     f"reaches {best.text()}.")
         return (f"{len(pays)} of {n} {'method pays' if n == 1 else 'methods pay'}: {pays[0].label} most, "
                 f"{pays[0].text()}.")
@@ -104,10 +104,10 @@ def _ticks(lo: float, hi: float) -> list[float]:
     return [round(first + i * step, 6) for i in range(int((hi - first) / step + 1e-9) + 1)]
 
 
-def speedup_chart(setting: Setting, width: int = 660) -> str:
+def speedup_chart(setting: Setting, width: int = 640) -> str:
     """An inline SVG: one row per method (label, the 95% interval as a line, the point as a dot, the value),
     a dashed line at 1× (vanilla), colours by verdict; each row's full figures on hover (<title>)."""
-    row, top, gutter, value_w = 17, 26, 200, 128
+    row, top, gutter, value_w = 17, 26, 196, 124
     plot = width - gutter - value_w
     points = [v for b in setting.bars for v in (b.speedup, b.lo, b.hi) if finite(v)] + [1.0]
     lo, hi = min(points), max(points)
@@ -123,7 +123,7 @@ def speedup_chart(setting: Setting, width: int = 660) -> str:
            f'viewBox="0 0 {width} {height}" role="img" aria-label="{esc("Mean speedup over vanilla, " + setting.title)}">']
     for t in _ticks(lo, hi):
         out.append(f'<line x1="{x(t)}" x2="{x(t)}" y1="{top - 4}" y2="{height - 6}" class="grid"/>'
-                   f'<text x="{x(t)}" y="{top - 9}" class="tick">{t:g}×</text>')
+                   f'<text x="{x(t)}" y="{top - 9}" class="tick" text-anchor="middle">{t:g}×</text>')
     out.append(f'<line x1="{x(1.0)}" x2="{x(1.0)}" y1="{top - 4}" y2="{height - 6}" class="one"/>')
     for i, bar in enumerate(setting.bars):
         y = top + row * i + row / 2
@@ -135,7 +135,7 @@ def speedup_chart(setting: Setting, width: int = 660) -> str:
         if finite(bar.td_percent):
             hover += f"; T_D {bar.td_percent:.0f}%"
         out.append(f'<g><title>{esc(hover)}</title>'
-                   f'<text x="{gutter - 8}" y="{y + 4}" class="label">{esc(label)}</text>')
+                   f'<text x="{gutter - 8}" y="{y + 4}" class="label" text-anchor="end">{esc(label)}</text>')
         if finite(bar.lo) and finite(bar.hi):
             out.append(f'<line x1="{x(bar.lo)}" x2="{x(bar.hi)}" y1="{y}" y2="{y}" stroke="{color}" '
                        f'stroke-width="3" stroke-linecap="round"/>')
@@ -158,7 +158,7 @@ h2{font-size:19px;margin:26px 0 6px;scroll-margin-top:40px}h3{font-size:15px;mar
 .glance th,.glance td{text-align:left;padding:4px 8px;border-bottom:1px solid #d8dee4;vertical-align:top}
 .glance th{background:#f6f8fa}.pays{color:#1a7f37;font-weight:600}.slower{color:#cf222e}.unclear{color:#6e7781}
 .cards{display:flex;flex-wrap:wrap;gap:14px}.card{border:1px solid #d0d7de;border-radius:6px;padding:10px 12px;
-flex:0 1 688px;min-width:0;scroll-margin-top:40px}.card p{margin:2px 0 6px;font-size:13px}.card .more{font-size:12px}
+flex:0 1 666px;min-width:0;scroll-margin-top:40px}.card p{margin:2px 0 6px;font-size:13px}.card .more{font-size:12px}
 svg.chart{display:block;max-width:100%;height:auto;font-size:11px}svg .label{text-anchor:end;fill:#1f2328}
 svg .value{font-variant-numeric:tabular-nums}svg .tick{text-anchor:middle;fill:#57606a;font-size:10px}
 svg .grid{stroke:#eaeef2}svg .one{stroke:#1f2328;stroke-dasharray:4 3}
@@ -214,9 +214,10 @@ def render_index_html(report, figures: Sequence[Path]) -> str:
     esc = html.escape
     machines = "; ".join(r.hardware for r in reports if r.hardware) or "unknown hardware"
     shas = sorted({str(f.meta["git_sha"]) for r in reports for f in r.files if f.meta.get("git_sha")})
+    code = ", ".join(shas) if len(shas) <= 3 else f"{len(shas)} commits"
     sub = (f"Speculative decoding against vanilla decoding of the same target, interleaved in one process. "
            f"Measured on {machines}; {sum(len(r.files) for r in reports)} result files"
-           + (f", code at git {', '.join(shas)}" if shas else "") + ".")
+           + (f", code at git {code}" if shas else "") + ".")
     nav = ['<a href="#verdicts">Which methods pay</a>'] + [f'<a href="#{t.name}">{esc(_short_title(t))}</a>'
                                                              for t in tables]
     if figures:
