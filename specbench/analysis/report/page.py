@@ -54,6 +54,7 @@ class Setting:
     title: str
     table: str  # the table the setting summarises (its anchor on the page)
     bars: tuple[Bar, ...]
+    temperature: float = 0.0
 
     def of(self, verdict: str) -> list[Bar]:
         return [b for b in self.bars if b.verdict == verdict]
@@ -89,8 +90,9 @@ def settings(table: Table | None, dtypes: dict[tuple[str, str], str] | None = No
         bars.sort(key=lambda b: (-b.speedup, b.label))
         dtype = (dtypes or {}).get((target, temperature), "")
         name = target if not dtype or dtype in target else f"{target} · {dtype}"
-        title = block_label((name, float(temperature))) + (f" · {kind}" if kind else "") + (f" — {machine}" if machine else "")
-        out.append(Setting(title, table.name, tuple(bars)))
+        title = block_label((name, float(temperature))) + (f" · {kind}" if kind else "")
+        title += f" — {machine}" if machine else ""
+        out.append(Setting(title, table.name, tuple(bars), float(temperature)))
     return out
 
 
@@ -119,8 +121,9 @@ def speedup_chart(setting: Setting, width: int = 640) -> str:
         return round(gutter + plot * (v - lo) / (hi - lo), 1)
 
     esc = html.escape
+    name = esc("Mean speedup over vanilla, " + setting.title)
     out = [f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'viewBox="0 0 {width} {height}" role="img" aria-label="{esc("Mean speedup over vanilla, " + setting.title)}">']
+           f'viewBox="0 0 {width} {height}" role="img" aria-label="{name}">']
     for t in _ticks(lo, hi):
         out.append(f'<line x1="{x(t)}" x2="{x(t)}" y1="{top - 4}" y2="{height - 6}" class="grid"/>'
                    f'<text x="{x(t)}" y="{top - 9}" class="tick" text-anchor="middle">{t:g}×</text>')
@@ -139,8 +142,8 @@ def speedup_chart(setting: Setting, width: int = 640) -> str:
         if finite(bar.lo) and finite(bar.hi):
             out.append(f'<line x1="{x(bar.lo)}" x2="{x(bar.hi)}" y1="{y}" y2="{y}" stroke="{color}" '
                        f'stroke-width="3" stroke-linecap="round"/>')
-        out.append(f'<circle cx="{x(bar.speedup)}" cy="{y}" r="4.5" fill="{color}"/>'
-                   f'<text x="{gutter + plot + 8}" y="{y + 4}" class="value" fill="{color}">{esc(bar.text())}</text></g>')
+        out.append(f'<circle cx="{x(bar.speedup)}" cy="{y}" r="4.5" fill="{color}"/><text x="{gutter + plot + 8}" '
+                   f'y="{y + 4}" class="value" fill="{color}">{esc(bar.text())}</text></g>')
     out.append("</svg>")
     return "".join(out)
 
@@ -156,7 +159,8 @@ h2{font-size:19px;margin:26px 0 6px;scroll-margin-top:40px}h3{font-size:15px;mar
 .how{font-size:13px;color:#57606a;margin:0 0 10px;max-width:1100px}
 .glance{border-collapse:collapse;font-size:13px;margin:4px 0 14px;width:100%}
 .glance th,.glance td{text-align:left;padding:4px 8px;border-bottom:1px solid #d8dee4;vertical-align:top}
-.glance th{background:#f6f8fa}.pays{color:#1a7f37;font-weight:600}.slower{color:#cf222e}.unclear{color:#6e7781}
+.glance th{background:#f6f8fa;white-space:nowrap}.pays{color:#1a7f37;font-weight:600}.slower{color:#cf222e}
+.unclear{color:#6e7781}
 .cards{display:flex;flex-wrap:wrap;gap:14px}.card{border:1px solid #d0d7de;border-radius:6px;padding:10px 12px;
 flex:0 1 666px;min-width:0;scroll-margin-top:40px}.card p{margin:2px 0 6px;font-size:13px}.card .more{font-size:12px}
 svg.chart{display:block;max-width:100%;height:auto;font-size:11px}svg .label{text-anchor:end;fill:#1f2328}
@@ -209,15 +213,17 @@ def render_index_html(report, figures: Sequence[Path]) -> str:
     for r in reports:
         dtypes = _dtypes(r.files)
         machine = r.hardware if several else ""
-        found += settings(r.main, dtypes, machine) + settings(r.streams, dtypes, machine, "mixed streams")
+        # benchmarks before streams; T = 0 first; the setting comparing the most methods first
+        found += sorted(settings(r.main, dtypes, machine), key=_order) + sorted(
+            settings(r.streams, dtypes, machine, "mixed streams"), key=_order)
     tables = [t for t in report.tables if t.sections]
     esc = html.escape
     machines = "; ".join(r.hardware for r in reports if r.hardware) or "unknown hardware"
     shas = sorted({str(f.meta["git_sha"]) for r in reports for f in r.files if f.meta.get("git_sha")})
-    code = ", ".join(shas) if len(shas) <= 3 else f"{len(shas)} commits"
+    code = f"git {', '.join(shas)}" if len(shas) <= 3 else f"{len(shas)} git commits"
     sub = (f"Speculative decoding against vanilla decoding of the same target, interleaved in one process. "
            f"Measured on {machines}; {sum(len(r.files) for r in reports)} result files"
-           + (f", code at git {code}" if shas else "") + ".")
+           + (f", made with the code at {code}" if shas else "") + ".")
     nav = ['<a href="#verdicts">Which methods pay</a>'] + [f'<a href="#{t.name}">{esc(_short_title(t))}</a>'
                                                              for t in tables]
     if figures:
@@ -243,6 +249,10 @@ def render_index_html(report, figures: Sequence[Path]) -> str:
         parts += [_figure(png) for png in figures] + ["</div></section>"]
     parts.append("</main></body></html>")
     return "\n".join(parts) + "\n"
+
+
+def _order(setting: Setting) -> tuple:
+    return setting.temperature, -len(setting.bars), setting.title
 
 
 def _short_title(table: Table) -> str:
