@@ -168,7 +168,8 @@ svg .value{font-variant-numeric:tabular-nums}svg .tick{text-anchor:middle;fill:#
 svg .grid{stroke:#eaeef2}svg .one{stroke:#1f2328;stroke-dasharray:4 3}
 .wide{overflow-x:auto;max-width:100%}table.data{border-collapse:collapse;margin:6px 0;font-size:12.5px;
 font-variant-numeric:tabular-nums}table.data th,table.data td{padding:3px 7px;text-align:right;white-space:nowrap}
-table.data th:first-child,table.data td:first-child,table.data td.l{text-align:left}
+table.data th:first-child,table.data td:first-child,table.data .l{text-align:left}
+table.data td.l{white-space:normal;min-width:7em;max-width:26em}
 table.data thead tr:last-child th{border-bottom:1px solid #57606a}table.data{border-top:2px solid #57606a;
 border-bottom:2px solid #57606a}table.data tr.section td{font-style:italic;text-align:left;border-top:1px solid #8c959f;
 background:#f6f8fa}table.data td[title]{text-decoration:underline dotted #8c959f;cursor:help}

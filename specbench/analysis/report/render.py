@@ -85,7 +85,9 @@ def render_html(table: Table) -> str:
     if table.groups:
         out.append("<tr>" + "".join(f'<th colspan="{span}">{esc(label)}</th>' for label, span in table.groups)
                    + "</tr>")
-    out += ["<tr>" + "".join(f"<th>{esc(c)}</th>" for c in table.columns) + "</tr>", "</thead>", "<tbody>"]
+    heads = "".join(f'<th class="l">{esc(c)}</th>' if a == "l" else f"<th>{esc(c)}</th>"
+                    for c, a in zip(table.columns, table.align))
+    out += [f"<tr>{heads}</tr>", "</thead>", "<tbody>"]
     for label, rows in table.sections:
         out.append(f'<tr class="section"><td colspan="{len(table.columns)}">{esc(label)}</td></tr>')
         out += ["<tr>" + "".join(_html_cell(c, a) for c, a in zip(row, table.align)) + "</tr>" for row in rows]
