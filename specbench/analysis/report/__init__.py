@@ -27,7 +27,7 @@ _EXPORTS = {
     "names": ("Block", "VANILLA", "MEAN", "MethodInfo", "bench_key", "bench_label", "is_stream", "block_label", "budget_of",
               "normalise_bench", "normalise_method", "side_infos"),
     "stats": ("BOOTSTRAP_REPS", "BOOTSTRAP_SEED", "BOLD_REPS", "CELL_COLUMNS", "bootstrap_ci", "speedup_ci", "tau_ci",
-              "cell_frame", "method_frame", "missing_reasons", "mean_over_benches", "loaded_cells",
+              "cell_frame", "method_frame", "missing_reasons", "mean_over_benches", "loaded_cells", "dirty_cells",
               "significant_cells", "of_kind", "blocks_of_kind", "mean_frame", "flagged_turns"),
     "checks": ("split_by_machine", "machine_slug", "aa_frame", "aa_table", "without_aa", "divergence_frame", "divergence_table"),
     "cost": ("block_curves", "cost_table", "sps_gamma_note"),
