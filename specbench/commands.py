@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import typing
+from pathlib import Path
 from typing import Any, Callable, Literal, Optional
 
 from specbench import options as opts
@@ -101,3 +102,8 @@ def label(*declarations: type) -> Callable[[str], str]:
 def build(cls: type, flags: dict[str, Any], owner: str, **extra: Any) -> Any:
     """``cls`` from parsed flags, validated against its declaration (one line per error)."""
     return opts.validate(cls(**values_for(cls, flags, **extra)), owner, label(cls))
+
+
+def path_text(value: Optional[Path]) -> Optional[str]:
+    """A path flag's value as the field's text (a field holds text, so that its header entry reads back)."""
+    return str(value) if value is not None else None

@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import importlib
 import os
 import types
 import typing
@@ -64,7 +65,7 @@ def option(default: Any = _MISSING, help: str | None = None, *, ge: float | None
            gt: float | None = None, le: float | None = None, lt: float | None = None, tokens: bool = False,
            note: str | None = None, min: float | None = None, positive: bool = False, fraction: bool = False,
            flag: str | tuple[str, ...] = (), positional: bool = False, cli_default: Any = SAME, cli_type: Any = SAME,
-           convert: Callable[[Any], Any] | None = None, check: Callable[[Any], Any] | None = None,
+           convert: Callable[[Any], Any] | None = None, check: Callable[[Any], Any] | str | None = None,
            choices: Callable[[], Iterable[str]] | None = None, excludes: str | tuple[str, ...] = ()) -> Any:
     """A dataclass field with its help text and range (``ge``/``gt``/``le``/``lt``; ``tokens``: see the
     module docstring; ``note`` is added to a range error, e.g. what a value means). ``min=N``,
@@ -74,7 +75,8 @@ def option(default: Any = _MISSING, help: str | None = None, *, ge: float | None
     For a command's fields: ``flag`` its spelling(s) (default ``--field-name``), ``positional`` an
     argument rather than a flag, ``cli_default``/``cli_type`` where the command line differs from the
     field (``auto`` for a fixed library value, a Path, key=value strings), ``convert`` the flag's value
-    -> the field's; ``check(value)`` raises a one-line ``SpecbenchError`` for a value no type rules out;
+    -> the field's; ``check(value)`` (a function or a lazy ``"module:function"``) raises a one-line
+    ``SpecbenchError`` for a value no type rules out;
     ``choices()`` the names a value (each item of a list, each key of a mapping) must be one of;
     ``excludes`` the fields that cannot be set together with this one."""
     ge = min if ge is None else ge
@@ -143,7 +145,7 @@ class Declared:
     cli_default: Any = SAME
     cli_type: Any = SAME
     convert: Callable[[Any], Any] | None = None
-    check: Callable[[Any], Any] | None = None
+    check: Callable[[Any], Any] | str | None = None  # a function or "module:function"
     choices: Callable[[], Iterable[str]] | None = None
     excludes: tuple[str, ...] = ()
     internal: bool = False
@@ -336,8 +338,13 @@ def _check_names(option: Declared, value: Any, label: str) -> None:
             raise SpecbenchError(f"{label} names {name!r}, which is unknown{what}{hint} (known: {', '.join(known)})")
 
 
-def _checked_by(check: Callable[[Any], Any], value: Any, label: str) -> None:
-    """A declared ``check``; its one-line error names the option unless it already does."""
+def _checked_by(check: Callable[[Any], Any] | str, value: Any, label: str) -> None:
+    """A declared ``check`` (a function, or a ``"module:function"`` reference imported only now, so that a
+    declaration stays free of what the check needs, e.g. torch); its one-line error names the option unless
+    it already does."""
+    if isinstance(check, str):
+        module, _, name = check.partition(":")
+        check = getattr(importlib.import_module(module), name)
     try:
         check(value)
     except SpecbenchError as exc:

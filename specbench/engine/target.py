@@ -47,6 +47,12 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return DTYPES[dtype]
 
 
+def check_dtype(name: str) -> None:
+    """A --dtype value: ``auto`` or a dtype this package knows (one line otherwise)."""
+    if name != "auto":
+        resolve_dtype(name)
+
+
 def named_model(spec: str) -> bool:
     """Whether ``spec`` names a model file this package knows by name (embedded, or assembled by ``fetch``)."""
     return spec in _EMBEDDED or spec in PACKAGED

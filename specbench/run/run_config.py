@@ -28,10 +28,11 @@ from specbench.errors import SpecbenchError
 from specbench.sides import Side, recorded_sides
 
 MAX_PASSES = 1000  # a stream is materialised in memory; more passes than this is a typo
-
-
-def _path_text(value: Optional[Path]) -> Optional[str]:
-    return str(value) if value is not None else None
+# The checks that need more than the declaration (torch, the prompt loaders) are "module:function" references,
+# imported when a value is checked (specbench.options).
+DTYPE = "specbench.engine.target:check_dtype"
+DEVICE = "specbench.engine.devices:resolve_device"
+DATA_FOLDER = "specbench.run.benchmarks:check_data_dir_option"
 
 
 def _template_kwargs(items: list[str]) -> dict:
@@ -40,35 +41,10 @@ def _template_kwargs(items: list[str]) -> dict:
     return parse_template_kwargs(list(items))
 
 
-def _known_dtype(name: str) -> None:
-    if name != "auto":
-        from specbench.engine.target import resolve_dtype
-
-        resolve_dtype(name)
-
-
-def _known_device(name: str) -> None:
-    from specbench.engine.devices import resolve_device
-
-    resolve_device(name)
-
-
-def _data_folder(folder: str) -> None:
-    from specbench.run.benchmarks import check_data_dir_option
-
-    check_data_dir_option(folder)
-
-
 def _method_options(items: list[str]) -> dict:
     from specbench.sides import parse_opts
 
     return parse_opts(list(items))
-
-
-def _chat_template(name: str) -> None:
-    from specbench.engine.prompts import ChatFormat
-
-    ChatFormat(name)
 
 
 def _chat_kwargs(kwargs: dict) -> None:
@@ -85,7 +61,7 @@ class SideFlags:
     method: Optional[str] = option(None, "Method name (see `specbench list methods`).", flag=("--method", "-m"))
     opt: list[str] = option([], "Method option key=value (repeatable).", flag="--opt")
     config: Optional[str] = option(None, "YAML/JSON file of method options.", cli_type=Optional[Path],
-                                   convert=_path_text)
+                                   convert=commands.path_text)
     label: Optional[str] = option(None, "Method label in records and tables (default: method name).")
     sweep: Optional[str] = option(None, "key=v1,v2,...: one side per value, labelled METHOD@key=v.")
     also: list[str] = option([], "Another method in the same run: name or name@key=value[@key=value] "
@@ -119,13 +95,13 @@ class RunConfig:
     seed: int = option(0, "Seed for --sample and for sampling at T > 0.")
     baseline: Literal[BASELINE, "none"] = option(BASELINE, "vanilla (interleaved, same process) or none.")
     out: Optional[str] = option(None, "Results file (default results/<method>_<bench>_<target>_T<t>.jsonl).",
-                                cli_type=Optional[Path], convert=_path_text)
+                                cli_type=Optional[Path], convert=commands.path_text)
     resume: bool = option(False, "Continue an interrupted run in --out, skipping finished turns.", excludes="overwrite")
     overwrite: bool = option(False, "Replace an existing results file.")
     dtype: str = option("bfloat16", "auto (bfloat16 on CUDA and bf16-capable CPUs, else float32), "
-                        "float32 for exactness checks, bfloat16 for speed.", cli_default="auto", check=_known_dtype)
+                        "float32 for exactness checks, bfloat16 for speed.", cli_default="auto", check=DTYPE)
     device: str = option("cpu", "auto (cuda if available, else cpu), cpu, cuda or cuda:N.", cli_default="auto",
-                         check=_known_device)
+                         check=DEVICE)
     # accelerate's placement strategies: "auto" spreads the target over the visible GPUs
     device_map: Optional[Literal["auto", "balanced", "balanced_low_0", "sequential"]] = option(
         None, "auto: spread a target larger than one GPU over the visible GPUs with accelerate (one process; on CPU "
@@ -133,7 +109,7 @@ class RunConfig:
     attn_implementation: str = option("sdpa", "Target attention: sdpa, eager, or flash (flash-attn for prefill and "
                                       "chain verifies, SDPA for trees; CUDA only).", flag="--attn")
     data_dir: Optional[str] = option(None, "Folder of benchmark JSONL files (else $SPECBENCH_DATA).",
-                                     check=_data_folder)
+                                     check=DATA_FOLDER)
     system_prompt: Optional[str] = option(None, "System prompt for the chat template.")
     on_long_prompt: Literal["skip", "fail"] = option("skip", "skip (with a warning) or fail on prompts past the "
                                                              "context.")
@@ -150,7 +126,7 @@ class RunConfig:
                                          "setting wins.", ge=1, tokens=True)
     target_revision: Optional[str] = option(None, "Hub revision of --target (branch, tag or commit sha).")
     chat_template: str = option("auto", "auto (tokenizer's template; vicuna_v1.1 for Vicuna models without one), "
-                                "tokenizer, vicuna_v1.1 or plain.", check=_chat_template)  # prompts.TEMPLATES
+                                "tokenizer, vicuna_v1.1 or plain.", check="specbench.engine.prompts:ChatFormat")
     chat_template_kwargs: dict = option({}, "key=value passed to apply_chat_template, e.g. enable_thinking=false "
                                         "(repeatable).", flag="--chat-template-kwargs", cli_default=[],
                                         cli_type=list[str], convert=_template_kwargs, check=_chat_kwargs)
@@ -229,9 +205,9 @@ class ReproduceConfig:
     limit: Optional[int] = option(None, "First N prompts of each bench after the paper's selection.", ge=1)
     dry_run: bool = option(False, "Print the full plan (benches, counts, methods, drafters, forwards); load no model.")
     out_dir: Optional[str] = option(None, "Folder for results files (default results/<preset>).",
-                                    cli_type=Optional[Path], convert=_path_text)
-    device: str = option("auto", "auto (cuda if available, else cpu), cpu, cuda or cuda:N.", check=_known_device)
-    dtype: Optional[str] = option(None, "Override the preset's dtype.", check=_known_dtype)
+                                    cli_type=Optional[Path], convert=commands.path_text)
+    device: str = option("auto", "auto (cuda if available, else cpu), cpu, cuda or cuda:N.", check=DEVICE)
+    dtype: Optional[str] = option(None, "Override the preset's dtype.", check=DTYPE)
     max_new_tokens: Optional[int] = option(None, "Override (or supply, where the paper states none) max new tokens.",
                                            ge=1, tokens=True)
     drafter: dict = option({}, "METHOD=PATH_OR_HUB_ID: a drafter for a method the preset cannot name (repeatable).",
@@ -239,7 +215,7 @@ class ReproduceConfig:
                            choices=_method_names, note="not a registered method; see `specbench list methods`")
     target_revision: Optional[str] = option(None, "Target revision (commit, tag or branch).")
     data_dir: Optional[str] = option(None, "Folder of benchmark JSONL files (else $SPECBENCH_DATA).",
-                                     check=_data_folder)
+                                     check=DATA_FOLDER)
     resume: bool = option(False, "Continue interrupted results files.", excludes="overwrite")
     overwrite: bool = option(False, "Replace existing results files.")
 
@@ -258,13 +234,13 @@ class ParityConfig:
     max_new_tokens: int = option(128, "New tokens per prompt (cut at EOS).", ge=2, tokens=True,
                                  note="the first token comes from the prefill, decoding starts at the second")
     target: str = option(DEFAULT_TARGET, "Target (as for `specbench run`).")
-    device: str = option("cpu", "cpu, cuda or cuda:N (cuda writes under results/gpu/).", check=_known_device)
-    dtype: str = option("float32", "float32 (exact text) or bfloat16.", check=_known_dtype)
+    device: str = option("cpu", "cpu, cuda or cuda:N (cuda writes under results/gpu/).", check=DEVICE)
+    dtype: str = option("float32", "float32 (exact text) or bfloat16.", check=DTYPE)
     options: dict = option({}, "Method option key=value, given to both sides (repeatable).", flag="--opt",
                            cli_default=[], cli_type=list[str], convert=_method_options)
-    data_dir: Optional[str] = option(None, "Folder of benchmark JSONL files (else $SPECBENCH_DATA).", check=_data_folder)
+    data_dir: Optional[str] = option(None, "Folder of benchmark JSONL files (else $SPECBENCH_DATA).", check=DATA_FOLDER)
     out: Optional[str] = option(None, "Parity file (default results/[gpu/]parity/<method>_<bench>_<target>.jsonl).",
-                                cli_type=Optional[Path], convert=_path_text)
+                                cli_type=Optional[Path], convert=commands.path_text)
     # a snapshot of the authors' repository (references that import one)
     reference_src: Optional[str] = option(None, "A checkout of the authors' repository, for references imported from "
                                                 "one at run time (else each reference's environment variable, named "

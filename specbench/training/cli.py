@@ -79,17 +79,6 @@ def training_dtype(spec: str, device: str) -> str:
     return dtype
 
 
-def _path_text(value: Optional[Path]) -> Optional[str]:
-    return str(value) if value is not None else None
-
-
-def _known_dtype(name: str) -> None:
-    if name != "auto":
-        from specbench.engine.target import resolve_dtype
-
-        resolve_dtype(name)
-
-
 @dataclass
 class DataOptions:
     """`specbench train data`: the target's answers to the training prompts; the options it shares with the
@@ -103,11 +92,11 @@ class DataOptions:
     batch_size: int = opts.like(TrainOptions, "batch_size", default=8, help="Prompts per generate call.")
     temperature: float = opts.option(0.0, "0 = greedy (default), else sampled.", ge=0, note="0 is greedy")
     dtype: str = opts.option("bfloat16", "Target dtype for generation (auto: bfloat16 where it is native, else "
-                                         "float32).", check=_known_dtype)
+                                         "float32).", check="specbench.engine.target:check_dtype")
     max_prompt_tokens: int = opts.like(TrainOptions, "max_prompt_tokens")
     export: Optional[str] = opts.option(None, "Also write the responses (no prompt text) to this .responses.jsonl.gz, "
                                               "to ship under specbench/training/responses/<target>/.",
-                                        cli_type=Optional[Path], convert=_path_text)
+                                        cli_type=Optional[Path], convert=commands.path_text)
     device: str = opts.like(TrainOptions, "device")
 
 
