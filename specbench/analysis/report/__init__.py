@@ -24,7 +24,7 @@ _EXPORTS = {
     "build": ("Report", "build_report", "write_report", "rich_main_table", "rich_tables"),
     "records": ("PathSpec", "ResultFile", "resolve_paths", "read_result_file", "load_result_files", "load_results",
                 "block_records", "block_sides"),
-    "names": ("Block", "VANILLA", "MEAN", "MethodInfo", "bench_key", "bench_label", "is_stream", "block_label", "budget_of",
+    "names": ("Block", "VANILLA", "MEAN", "MethodInfo", "bench_key", "bench_label", "is_stream", "block_label", "sweep_points",
               "normalise_bench", "normalise_method", "side_infos"),
     "stats": ("BOOTSTRAP_REPS", "BOOTSTRAP_SEED", "BOLD_REPS", "CELL_COLUMNS", "bootstrap_ci", "speedup_ci", "tau_ci",
               "cell_frame", "method_frame", "missing_reasons", "mean_over_benches", "loaded_cells", "dirty_cells",

@@ -116,7 +116,7 @@ def machine_report(every: Sequence[ResultFile], hardware: str = "",
     if paper_csvs := paper_files(paper_numbers):
         known = [info for block in sides.values() for info in block.values()]
         papers = paper_comparison_table(bench_cells, methods, load_paper_numbers(paper_csvs, known), files,
-                                        prov + [f"paper numbers: {', '.join(p.name for p in paper_csvs)}"])
+                                        prov + [f"paper numbers: {', '.join(p.name for p in paper_csvs)}"], sides)
     bold_reps, loaded, dirty = BOLD_REPS if reps else 0, loaded_cells(files), dirty_cells(files)  # reps=0: a preview, no tests
     bench_blocks = blocks_of_kind(blocks, streams=False)
     has_aa = any(aa_labels(f) for f in every)  # the resolution note points to the A/A rows only where there are any

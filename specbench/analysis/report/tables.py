@@ -10,7 +10,7 @@ import pandas as pd
 
 from specbench.run.machine_load import MARK, TURN_LOAD
 from specbench.analysis.report.names import (MEAN, VANILLA, Block, MethodInfo, bench_key, bench_label, block_label,
-                                             budget_of, mean_benches)
+                                             mean_benches)
 from specbench.analysis.report.records import ResultFile, files_by_block
 from specbench.analysis.report.stats import (BOLD_REPS, CELL_COLUMNS, MEAN_COLUMNS, half_width, mean_over_benches,
                                     missing_reasons)
@@ -264,10 +264,10 @@ def ablation_groups(sides: Mapping[str, MethodInfo]) -> dict[str, list[str]]:
     ablation are left out. Labels differing only in budget form a sweep (its own figure), not an ablation."""
     def key(label: str, method: str) -> str:
         info = sides[label]
-        if label.startswith(info.method):  # "specblock-no-shift (400 steps)" -> "specblock (400 steps)"
-            return method + label[len(info.method):]
-        budget = budget_of(label)  # a label of its own: only its node budget groups it
-        return method + (f"@budget={budget[1]}" if budget else "")
+        if info.stem.startswith(info.method):  # "specblock-no-shift (400 steps)" -> "specblock (400 steps)"
+            return method + info.stem[len(info.method):] + "".join(f"@{k}={v}" for k, v in info.shown)
+        # a stem of its own: only its node budget groups it
+        return method + (f"@budget={info.budget}" if info.budget is not None else "")
 
     groups: dict[str, set[str]] = {}
     for label, info in sides.items():
