@@ -195,7 +195,7 @@ def test_run_writes_forced_figures_and_the_report_shows_them(models, tmp_path, c
 
 @pytest.mark.parametrize("extra,message", [(["--temperature", "1"], "needs --temperature 0"),
                                            (["--baseline", "none"], "needs --temperature 0, --baseline vanilla"),
-                                           (["--check", "exact"], "--check must be one of forced")])
+                                           (["--check", "exact"], "--check must be one of 'forced' (got 'exact')")])
 def test_forced_check_refuses_a_run_it_cannot_check(models, tmp_path, capsys, extra, message):
     from test_cli import base_args, cli
 
@@ -207,7 +207,7 @@ def test_forced_check_refuses_a_run_it_cannot_check(models, tmp_path, capsys, ex
 def test_a_damaged_forced_field_is_one_line(tmp_path):
     from specbench.schemas import FileSchemaError, parse_record
 
-    line = {"method": "sps", "new_tokens": [1], "prompt_tokens": 1, "stop_reason": "eos", "times": {}, "n_verify": 0,
+    line = {"method": "sps", "bench": "humaneval", "prompt_id": "p", "turn": 0, "new_tokens": [1], "prompt_tokens": 1, "stop_reason": "eos", "times": {}, "n_verify": 0,
             "accept_lengths": [], "tree_sizes": [], "depth_attempts": [], "depth_accepts": [],
             "forced": {"positions": "many"}}
     with pytest.raises(FileSchemaError, match=r"r.jsonl line 2: field forced.positions"):
