@@ -131,6 +131,7 @@ def generate(target: Target, drafter: Drafter, prompt_ids: Sequence[int], config
         chain_calls=chain_calls,
     )
     record.top_logits = TopLogits.from_rows(tops, len(new_tokens)) if tops is not None else None  # not written
+    record.prompt_ids = prompt_ids  # not written either: a flip's re-scoring replays the prompt (rescore.py)
     return record
 
 
