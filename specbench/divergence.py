@@ -267,15 +267,17 @@ def exact_verdict(entry: dict, exact_margin: float, exact_logits: Sequence[float
     vanilla_offset = -entry["vanilla_margin"] - exact_margin
     exact_inputs = bool(entry.get("method_margin_exact") and entry.get("vanilla_margin_exact"))
     near = exact_inputs and abs(method_offset) <= noise and abs(vanilla_offset) <= noise
-    out = {k: v for k, v in entry.items() if k != "why"}
+    out = dict(entry)  # a judged entry judged again keeps its keys' order
     out.update(status=NEAR_TIE if near else UNEXPLAINED, old_status=entry.get("old_status", entry["status"]),
                rule=EXACT, exact_margin=float(exact_margin), exact_logits=[la, lb],
                exact_dtype=str(exact_dtype).replace("torch.", ""), gaps=dict(gaps), position_noise=noise,
                rounding_floor=rounding_floor(dtype, la, lb), method_offset=method_offset,
                vanilla_offset=vanilla_offset)
-    if not exact_inputs:
+    if near:
+        out.pop("why", None)
+    elif not exact_inputs:
         out["why"] = "a side's margin is only bounded (the other token is outside its K best)"
-    elif not near:
+    else:
         side, offset = ("method", method_offset) if abs(method_offset) > noise else ("vanilla", vanilla_offset)
         out["why"] = (f"the {side}'s gap is {abs(offset):.3g} from the exact gap {exact_margin:.3g}, beyond the "
                       f"position's noise {noise:.3g}")

@@ -200,7 +200,7 @@ def recheck_file(path: str | Path, targets: _Targets, device: str | None = None,
         ids = {n: _render(meta, target, chat, prompts, by_key, r) for n, r in flips}  # every prompt before any forward
         machine = hardware(where)
         for n, record in flips:
-            judged = rescorer.judge(record.divergence, ids[n], record.new_tokens)
+            judged = rescorer.judge(record.divergence, ids[n], record)
             judged["rescored_on"] = machine
             record.divergence = judged
         numbers = {n: r for n, r in flips}

@@ -404,7 +404,7 @@ class Runner:
                                                     divergence.layers_of(self.target.model))
             prompt_ids = getattr(record, "prompt_ids", None)  # kept in memory by generate
             if self.rescorer is not None and prompt_ids is not None and divergence.rescorable(record.divergence):
-                record.divergence = self.rescorer.judge(record.divergence, prompt_ids, record.new_tokens)
+                record.divergence = self.rescorer.judge(record.divergence, prompt_ids, record)
         self.store.append(record)
 
     def _release_held(self) -> None:
