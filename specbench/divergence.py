@@ -59,12 +59,18 @@ shared prefix (the prompt and the tokens both sides committed before i) is re-sc
   (its dtype's values, upcast), so that e differs from the run's forwards by their arithmetic rounding only
   (float32's own is about 1e-6 of a logit, four orders below bf16's; float64 would change nothing measurable and
   transformers' Llama keeps its norms and rotary tables in float32 anyway);
-* the gaps g of correct forwards of the same prefix in the run's dtype, at that position: vanilla's own way
-  (``decode``: the prompt's prefill, then one one-row step per token, the very forwards vanilla ran, so on the
-  machine that ran it g reproduces vanilla's recorded gap) and verifies whose last r rows end at position i, for
-  r in 1, 2, 4, 8, 16 (the row counts a method's verify has), each after a prefill of the rest of the prefix, once
-  as a chain (``chain_r``: the causal kernel) and once as a tree (``tree_r``: the same path and two sibling leaves
-  a and b under its last node, the masked kernel);
+* the gaps g of correct forwards of the same prefix in the run's dtype at that position, the model's forward
+  called plainly (positions, tree masks and cache truncation built by the re-scorer, not by the engine's verify
+  path, so that a bug there cannot make its own reference): vanilla's way (``decode``: the prompt's prefill, then
+  one one-row step per token, the very forwards vanilla ran, so on the machine that ran it g is vanilla's
+  recorded gap); the method's own verify shapes replayed (``method``: per verify of its record as many rows,
+  its committed tokens as the path, its tree sizes and acceptances from the record; the tree's topology is not
+  recorded, so the path comes first and the rest hang under the root); caches built as a steady method builds
+  them (``chain_r``, ``tree_r``: the committed tokens through verifies of r rows each, r = 2, 4, 8, 16, the last
+  ending at i); and verifies of the last r rows after one prefill of the rest (``prefill_chain_r``,
+  ``prefill_tree_r``, r = 1, 2, 4, 8, 16). Chains run the causal kernel, trees (a and b as two leaves under the
+  path's last row) the masked one. A method's logits at i depend on how its cache was built, not only on its
+  last verify: on SmolLM2-135M in bf16 the prefilled caches alone missed a flip that the stepped ones reproduce;
 * the position's noise N = max(max_g |g − e|, u·(|l[a]| + |l[b]|)): how far correct forwards in the run's dtype
   land from e at this very position, never less than one rounding of each of the two logits into the dtype (a
   stored logit is off by up to u of its size whatever computed it, so two logits within that of each other may
@@ -76,13 +82,20 @@ correct forward in this dtype does at this position, and |e| ≤ N follows (the 
 two tokens are within the dtype's measured noise of each other. Anything else is unexplained: a side whose gap
 lands farther from e than every correct forward did computed another quantity (a wrong position, a stale cache
 row, a perturbed logit row), whichever token exact arithmetic prefers. The noise is measured at the position,
-not bounded from the logits' size, and the method's own gap is tested, not only the two margins' sum.
+not bounded from the logits' size, and the method's own gap is tested, not only the two margins' sum (a
+perturbation at a true near-tie leaves |e| small but moves m). N is the largest of a handful of samples, so a
+correct method whose forward strays one bf16 step further than all of them is called unexplained: on tiny
+random models 1 of 36 correct flips was (its per-flip figures show it), none of the five flips of
+SmolLM2-135M in a bf16 HumanEval file of the reference set.
 
 A bf16 or fp16 run at T = 0 re-scores its new flips this way (an fp32 copy of the target made at the first flip,
 once per run, outside the timed phases); ``specbench recheck`` applies it to files already written. A re-scored
 entry carries ``rule`` = "exact", the exact rule's verdict in ``status`` and the bound's in ``old_status`` (kept
-for one release), ``exact_margin``, ``exact_logits`` [l[a], l[b]], ``exact_dtype``, ``gaps``, ``position_noise``
-and ``rounding_floor``. fp32 runs keep the bound: there every text equals vanilla's, and any flip exceeds it."""
+for one release), ``exact_margin``, ``exact_logits`` [l[a], l[b]], ``exact_dtype``, ``gaps``, ``position_noise``,
+``rounding_floor``, ``method_offset``, ``vanilla_offset`` and ``replay_mismatches`` (the decode replay's argmaxes
+that differ from the committed tokens: 0 where the prompt was rendered as the run rendered it); ``recheck`` adds
+``rescored_on``, the machine whose noise was measured. fp32 runs keep the bound: there every text equals
+vanilla's, and any flip exceeds it."""
 
 from __future__ import annotations
 

@@ -180,10 +180,10 @@ def divergence_table(files: Sequence[ResultFile], provenance: Sequence[str] = ()
              "sides' δ summed)",
              "Exact rule (bf16/fp16 flips; it sets Near-tie/Unexplained where it has judged): the shared prefix is "
              "re-scored by a plain float32 forward, giving the exact gap e = l_a − l_b, and by correct forwards in the "
-             "run's dtype at that position (vanilla's one-row decode steps; verifies of 1, 2, 4, 8, 16 rows ending "
-             "there, as a chain and as a tree); the position's noise N is the farthest their gaps land from e, at "
-             "least one rounding of each logit; a near-tie when both sides' recorded gaps lie within N of e (so "
-             "|e| ≤ N), else unexplained. Bound n/u = the verdicts of the δ rule above on the same turns (kept for "
+             "run's dtype at that position (vanilla's one-row decode steps; the method's verify shapes replayed; caches "
+             "built by verifies of 2, 4, 8, 16 rows; verifies of 1–16 rows after a prefill; as chains and as trees); "
+             "the position's noise N is the farthest their gaps land from e, at least one rounding of each logit; a "
+             "near-tie when both sides' recorded gaps lie within N of e (so |e| ≤ N), else unexplained. Bound n/u = the verdicts of the δ rule above on the same turns (kept for "
              "one release); Exact n/u = the exact rule's, with N max the largest noise it measured; Disagree = turns "
              "the two rules judge differently; a + after Exact counts flips not yet judged by it (run `specbench "
              "recheck FILE`)"]
