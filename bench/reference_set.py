@@ -26,13 +26,14 @@ import sys
 import time
 from pathlib import Path
 
+from specbench.engine import DEFAULT_TARGET
 from specbench.engine.devices import emulated_bf16
 from specbench.engine.packaged import is_assembled
 from specbench.run.machine_load import drop_flagged, load_average
-from specbench.run.runner import parse_also
+from specbench.sides import parse_spec
 
 BENCHES = ("mt_bench", "humaneval", "math500", "natural_questions", "wmt23", "alpaca")
-TARGET = "smollm2-135m"
+TARGET = DEFAULT_TARGET
 BUDGET = 16
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -139,6 +140,14 @@ PAIR_SIDES = (f"sps@draft={PAIR_DRAFT}@label=sps",
                f"sps@draft={PAIR_DRAFT}@schedule=heuristic@label=sps@schedule=heuristic",
                f"sps-confidence@draft={PAIR_DRAFT}@label=sps-confidence",
                f"pacer@draft={PAIR_DRAFT}@label=pacer"])
+# The pair in fp32 on HumanEval wherever its main run is bf16: every method's text must equal vanilla's token for token
+# (bf16 texts part at near-ties), so the pair's correctness never rests on the near-tie rule alone. SpS at its default
+# and longest γ and SpS with its confidence stop; PACER's pre-verifier for the pair is trained per machine (not shipped:
+# over the size bound), and PACER's verify is SpS's; no A/A side: this run checks texts, the bf16 run times.
+PAIR_FP32_GROUP = f"{PAIR_GROUP}-fp32"
+PAIR_FP32_SIDES = (f"sps@draft={PAIR_DRAFT}@label=sps",
+                   [f"sps@draft={PAIR_DRAFT}@gamma=8@label=sps@gamma=8",
+                    f"sps-confidence@draft={PAIR_DRAFT}@label=sps-confidence"])
 SAMPLED_BENCHES = ("mt_bench", "humaneval")  # the T = 1 check of the main methods
 SAMPLED_METHODS = ("specblock", ["eagle3", "sps", "dflash", "ddtree", "medusa"])
 
@@ -150,7 +159,7 @@ def learns(spec: str) -> bool:
     """Whether the side's method learns or remembers while serving (``Drafter.learns``)."""
     from specbench.engine.registry import method_class
 
-    return method_class(parse_also(spec).method).learns
+    return method_class(parse_spec(spec).method).learns
 
 
 def plan(limit: int, repeats: int, stream_limit: int, passes: int) -> list[tuple[str, list[str]]]:
@@ -168,11 +177,12 @@ def plan(limit: int, repeats: int, stream_limit: int, passes: int) -> list[tuple
         return out, ["run", *sides(*STREAM_GROUPS[group]), "--bench", "mixed", "--limit", str(stream_limit),
                      "--passes", str(passes), "--temperature", "0", "--out", out, *settings(dtype=dtype)]
 
-    def sides(main: str, also: list[str]) -> list[str]:
-        side = parse_also(main)
+    def sides(main: str, also: list[str], aa: bool = True) -> list[str]:
+        side = parse_spec(main)
         opts = [arg for key, value in side.options.items() for arg in ("--opt", f"{key}={value}")]
         label = ["--label", side.label] if side.label != main else []
-        return ["--method", side.method, *opts, *label] + [arg for spec in [*also, AA_SIDE] for arg in ("--also", spec)]
+        return ["--method", side.method, *opts, *label] + [arg for spec in [*also, *[AA_SIDE] * aa]
+                                                             for arg in ("--also", spec)]
 
     for bench in BENCHES:
         for group, (method, also) in GROUPS.items():
@@ -183,7 +193,7 @@ def plan(limit: int, repeats: int, stream_limit: int, passes: int) -> list[tuple
             runs.append((out, ["run", *sides(method, kept), "--bench", bench, "--limit", str(limit),
                                "--repeats", str(repeats), "--temperature", "0", "--out", out, *common]))
             for spec in (s for s in also if s not in kept):
-                out = f"results/{group}-{parse_also(spec).label}_{bench}_{TARGET}_T0.jsonl"
+                out = f"results/{group}-{parse_spec(spec).label}_{bench}_{TARGET}_T0.jsonl"
                 runs.append((out, ["run", *sides(spec, []), "--bench", bench, "--limit", str(limit),
                                    "--temperature", "0", "--out", out, *common]))
     for bench in BENCHES:
@@ -202,6 +212,10 @@ def plan(limit: int, repeats: int, stream_limit: int, passes: int) -> list[tuple
         out = f"results/{PAIR_GROUP}_{bench}_{PAIR_TARGET}_T0.jsonl"
         runs.append((out, ["run", *sides(*PAIR_SIDES), "--bench", bench, "--limit", str(min(limit, PAIR_LIMIT)),
                            "--temperature", "0", "--out", out, *settings(PAIR_TARGET, pair_dtype)]))
+    if pair_dtype != "float32":
+        out = f"results/{PAIR_FP32_GROUP}_humaneval_{PAIR_TARGET}_T0.jsonl"
+        runs.append((out, ["run", *sides(*PAIR_FP32_SIDES, aa=False), "--bench", "humaneval", "--limit",
+                           str(min(limit, PAIR_LIMIT)), "--temperature", "0", "--out", out, *settings(PAIR_TARGET)]))
     parity_out = f"results/{PAIR_GROUP}/parity/sps_humaneval_{PAIR_TARGET}.jsonl"
     runs.append((parity_out, ["parity", "sps", "--target", PAIR_TARGET, "--opt", f"draft={PAIR_DRAFT}", "--dtype",
                               pair_dtype, "--bench", "humaneval", "--limit", str(min(limit, PAIR_LIMIT)), "--out",

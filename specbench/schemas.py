@@ -199,6 +199,7 @@ class SkipLine(BaseModel):
 
 
 _RECORD = TypeAdapter(GenerationRecord)
+RECORD_KEY = ("method", "bench", "prompt_id", "turn")  # what names a record (record_key); every reader pairs by it
 # Fields a record line may lack (older writers); everything else GenerationRecord requires.
 RECORD_DEFAULTS = {"new_tokens": [], "prompt_tokens": 0, "stop_reason": "", "times": {}, "n_verify": 0,
                    "accept_lengths": [], "tree_sizes": [], "depth_attempts": [], "depth_accepts": []}
@@ -207,7 +208,12 @@ RECORD_DEFAULTS = {"new_tokens": [], "prompt_tokens": 0, "stop_reason": "", "tim
 def parse_record(obj: dict, path: str | Path, line: int | None, fix: str = RESULTS_FIX,
                  lenient: bool = False) -> GenerationRecord:
     """A record line -> GenerationRecord, every field type-checked (a null token list, a string time,
-    a list where a dict belongs are one line). ``lenient``: fields older writers left out get defaults."""
+    a list where a dict belongs are one line). ``lenient``: fields older writers left out get defaults;
+    never the fields that name the record (``RECORD_KEY``), which every reader pairs records by."""
+    missing = next((key for key in RECORD_KEY if key not in obj), None)
+    if missing is not None:
+        raise FileSchemaError(f"{where(path, line)}: field {missing}: the record has none, and records are paired by "
+                              f"{', '.join(RECORD_KEY)}; {fix}")
     return validate(_RECORD, {**RECORD_DEFAULTS, **obj} if lenient else obj, path, line, fix)
 
 

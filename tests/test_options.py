@@ -142,36 +142,37 @@ def test_every_method_declares_help_for_every_option():
         assert not missing, (name, missing)
 
 
-def test_every_run_flag_reaches_the_run_config():
-    """`specbench run`'s flags are RunConfig's fields (declared once, in run_config.py) plus the few the
-    command uses itself (listed here), so a new flag cannot be dropped silently."""
+def test_every_run_flag_is_a_declared_field():
+    """`specbench run`'s flags are the declared fields of RunConfig (what a run is), SideFlags (how the command
+    line writes its sides) and PresetFlags (--preset, --dry-run), so a new flag cannot be dropped silently."""
     import inspect
 
     from specbench.cli import run
-    from specbench.run.runner import RunConfig
+    from specbench.run.run_config import PresetFlags, RunConfig, SideFlags
 
-    own = {"opt", "config", "preset", "dry_run"}  # -> options / config_file; --preset runs a preset instead
-    flagged = {f.name for f in dataclasses.fields(RunConfig) if "flag" in f.metadata}
-    flags = set(inspect.signature(run).parameters)
-    assert flags == flagged | own
-    assert not {"options", "config_file"} & flags  # built from --opt/--config, never a flag of their own
+    declared = [d.name for cls in (SideFlags, RunConfig, PresetFlags) for d in options.declared(cls) if not d.internal]
+    assert list(inspect.signature(run).parameters) == declared
+    assert not {"sides", "config_file", "prompts"} & set(declared)  # set by code, never a flag
 
 
 def test_run_flags_take_help_default_and_spelling_from_the_field():
     import typer.main
 
     from specbench.cli import app
+    from specbench.engine import DEFAULT_TARGET
     from specbench.run.runner import RunConfig
-    from specbench.engine.target import DEFAULT_TARGET
+    from specbench.run.run_config import PresetFlags, SideFlags
+    from specbench.sides import Side
 
     command = typer.main.get_command(app).commands["run"]
     params = {p.name: p for p in command.params}
-    for f in dataclasses.fields(RunConfig):
-        spec = f.metadata.get("flag")
-        if spec is None:
-            continue
-        assert params[f.name].help == spec.help, f.name
+    for cls in (SideFlags, RunConfig, PresetFlags):
+        for declared in options.declared(cls):
+            if not declared.internal:
+                assert params[declared.name].help == options.help_text(declared), declared.name
     assert params["attn_implementation"].opts == ["--attn"]
+    assert params["passes"].help.endswith("[in [1, 1000]]")  # the range, from the declaration
     assert set(params["method"].opts) == {"--method", "-m"} and params["method"].default is None
-    assert params["dtype"].default == "auto" and RunConfig(method="m", bench="b").dtype == "bfloat16"
-    assert RunConfig(method="m", bench="b").target == DEFAULT_TARGET == params["target"].default
+    run = RunConfig(sides=[Side("m")], bench="b")
+    assert params["dtype"].default == "auto" and run.dtype == "bfloat16"
+    assert run.target == DEFAULT_TARGET == params["target"].default

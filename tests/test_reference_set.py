@@ -135,7 +135,7 @@ def test_every_method_of_the_fp32_set_has_a_bf16_run_whose_divergences_are_count
 
 def test_the_pair_group_runs_sps_and_its_variants_with_the_packaged_draft_beside_assisted_generation():
     module, runs = load_plan()
-    pair = [(out, a) for out, a in runs if module.PAIR_GROUP in out]
+    pair = [(out, a) for out, a in runs if module.PAIR_GROUP in out and module.PAIR_FP32_GROUP not in out]
     files = [a for out, a in pair if a[0] == "run"]
     assert {a[a.index("--bench") + 1] for a in files} == set(module.PAIR_BENCHES)
     for argv in files:
@@ -147,6 +147,20 @@ def test_the_pair_group_runs_sps_and_its_variants_with_the_packaged_draft_beside
                                                                         if a == "--also" and "vanilla" not in argv[i + 1])])
     parity = [a for out, a in pair if a[0] == "parity"]
     assert len(parity) == 1 and parity[0][parity[0].index("--opt") + 1] == f"draft={module.PAIR_DRAFT}"
+
+
+def test_where_the_pair_runs_in_bf16_its_texts_are_also_checked_in_fp32(monkeypatch):
+    module, _ = load_plan()
+
+    def fp32_runs(emulated: bool) -> list[list[str]]:
+        monkeypatch.setattr(module, "emulated_bf16", lambda device: emulated)
+        return [a for out, a in module.plan(8, 1, 8, 2) if module.PAIR_FP32_GROUP in out]
+
+    assert fp32_runs(emulated=True) == []  # a CPU without native bf16 runs the pair in fp32 already
+    (argv,) = fp32_runs(emulated=False)
+    assert argv[argv.index("--dtype") + 1] == "float32" and argv[argv.index("--bench") + 1] == "humaneval"
+    assert argv[argv.index("--target") + 1] == module.PAIR_TARGET
+    assert sides(argv) == ["sps", "sps@gamma=8", "sps-confidence"]  # texts only: no A/A side
 
 
 def test_specblocks_two_bonus_row_readings_run_side_by_side_on_every_bench_in_fp32_and_bf16():

@@ -89,7 +89,7 @@ def full(simple: Path) -> Path:
                                                  draft=0.1)
     for budget, quality in ((16, 2), (32, 3), (64, 4)):
         records += method_records(f"ddtree@budget={budget}", quality=quality, draft=0.1 * quality)
-    write_jsonl(simple / "b.jsonl", records, method="ddtree")
+    write_jsonl(simple / "b.jsonl", records, method="ddtree", sweep="budget=16,32,64")  # the header declares the sweep
     return simple
 
 
@@ -169,7 +169,7 @@ def test_budget_figure_only_with_sweep(simple: Path):
 def test_budget_figure_with_sweep(full: Path):
     report = build_report(full, reps=0)
     assert "budget_sweep" in block_figures(report, ("smollm2-135m", 0.0))
-    sweep = sweep_frame(report.cells, ("smollm2-135m", 0.0))
+    sweep = sweep_frame(report.cells, ("smollm2-135m", 0.0), report.sides[("smollm2-135m", 0.0)])
     mean = sweep[sweep.bench == "mean"]
     assert list(mean.budget) == [16, 32, 64] and mean.tau.is_monotonic_increasing
 
@@ -346,11 +346,12 @@ def test_method_without_vanilla_keeps_tau_and_says_why(tmp_path: Path):
 
 
 def test_ablations_group_variants_at_the_same_budget_and_sweeps_stay_apart():
-    # Files without the header's `methods` field: each side's class is found through the registry.
+    # Files without the header's `methods` field: each side's class is found through the registry, each side's
+    # budget through the run's recorded --also specs (every label here is the spec that made it).
     from specbench.analysis.report import ablation_groups, side_infos
     labels = ["vanilla", "specblock@budget=16", "specblock-no-shift@budget=16", "eagle3@budget=16", "eagle3@budget=60",
               "specblock", "specblock-uniform-tree", "specblock-adapt", "sps", "sps-confidence"]
-    assert ablation_groups(side_infos({}, labels)) == {
+    assert ablation_groups(side_infos({"also": labels}, labels)) == {
         "specblock": ["specblock", "specblock-uniform-tree"],
         "specblock@budget=16": ["specblock@budget=16", "specblock-no-shift@budget=16"]}
     # A run's own label suffix (here: drafters trained one epoch) keeps its base apart from plain "specblock".

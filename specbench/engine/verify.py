@@ -3,7 +3,7 @@
 All rules take the target logits of every verify row ([root, nodes...]) and return the accepted
 node indices plus the bonus token. At temperature 0 the greedy walk reproduces vanilla greedy
 decoding; at temperature > 0 every rule here leaves the committed tokens distributed exactly as
-vanilla sampling with the same ``SamplingParams`` (METHODS.md §1.6):
+vanilla sampling with the same ``SamplingParams`` (docs/methods.md#verification):
 
 * chains and sampled trees: rule C (SpecInfer multi-draft rejection; a chain is one child each),
 * deterministic trees: rule A (sample from the target, follow a matching child) or rule B

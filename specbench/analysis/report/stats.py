@@ -236,6 +236,13 @@ def loaded_cells(files: Sequence[ResultFile]) -> frozenset:
     return frozenset(out)
 
 
+def dirty_cells(files: Sequence[ResultFile]) -> frozenset:
+    """(target, T, method, bench) of every cell from a file made by a working tree with uncommitted code changes
+    (its header's git_sha ends in -dirty): no commit holds the code that made it."""
+    return frozenset((*f.block, r.method, r.bench) for f in files if str(f.meta.get("git_sha", "")).endswith("-dirty")
+                     for r in f.records)
+
+
 def flagged_turns(files: Sequence[ResultFile]) -> dict[str, tuple[int, int]]:
     """File name -> (turns recorded under load, turns), for files with any: what to re-time."""
     out = {}

@@ -10,12 +10,14 @@ import pandas as pd
 
 from specbench.run.machine_load import MARK, TURN_LOAD
 from specbench.analysis.report.names import (MEAN, VANILLA, Block, MethodInfo, bench_key, bench_label, block_label,
-                                             budget_of, mean_benches)
+                                             mean_benches)
 from specbench.analysis.report.records import ResultFile, files_by_block
 from specbench.analysis.report.stats import (BOLD_REPS, CELL_COLUMNS, MEAN_COLUMNS, half_width, mean_over_benches,
                                     missing_reasons)
 from specbench.analysis.report.table import (DASH, Cell, Table, finite, fmt_ci, fmt_delta, fmt_pct, fmt_spd, fmt_tau, fmt_tps,
                                     nanmean)
+
+DIRTY = "†"  # printed beside numbers made by a working tree with uncommitted code changes
 
 
 def _bench_groups(benches: Sequence[str], lead: Sequence[str]) -> tuple[list[str], list[tuple[str, int]]]:
@@ -46,27 +48,43 @@ def provenance_lines(files: Sequence[ResultFile]) -> list[str]:
                      f"prompts per bench: {per_bench}; hardware {meta('hardware')}; device {meta('device')}; "
                      f"dtype {meta('dtype')}; max_new_tokens {meta('max_new_tokens')}; seed {meta('seed')}; "
                      + (f"node budget {meta('budget')}; " if any(f.meta.get("budget") for f in group) else "")
-                     + f"git {meta('git_sha')}")
+                     + f"git {meta('git_sha')}" + _dirty_note(group))
     return lines
+
+
+def _dirty_note(files: Sequence[ResultFile]) -> str:
+    """'; † from uncommitted code: a.jsonl (diff sha256 1a2b3c4d5e6f: methods/x.py)' for the files whose working tree
+    was dirty, so every table that prints the provenance says which of its numbers no commit can reproduce."""
+    dirty = [f for f in files if str(f.meta.get("git_sha", "")).endswith("-dirty")]
+    if not dirty:
+        return ""
+
+    def what(f: ResultFile) -> str:
+        diff = f.meta.get("git_dirty") or {}
+        files = ", ".join(diff.get("files", [])) or "files not recorded"
+        return f"{f.path.name} (diff sha256 {str(diff.get('diff_sha256', '?'))[:12]}: {files})"
+
+    return f"; {DIRTY} from uncommitted code: " + "; ".join(what(f) for f in sorted(dirty, key=lambda f: f.path.name))
 
 
 def main_table(cells: pd.DataFrame, methods: pd.DataFrame, provenance: Sequence[str] = (),
                bold: frozenset = frozenset(), loaded: frozenset = frozenset(), means: pd.DataFrame | None = None,
-               aa: bool = True) -> Table:
+               aa: bool = True, dirty: frozenset = frozenset()) -> Table:
     """SpecBlock Table 1 layout: a block per (target, T), a row per method, Spd (n)/τ per bench, Mean with the
     cost model's ideal speedup and efficiency, T_D%, greedy match. ``cells``/``methods``: the single
     benchmarks' (stats.of_kind, stats.blocks_of_kind); ``bold``: (target, T, method, bench or 'mean') whose
     speedup's paired interval excludes the runner-up's; ``loaded``: (target, T, method, bench) recorded under
-    load; ``means``: stats.mean_frame, the Mean columns' intervals."""
+    load; ``means``: stats.mean_frame, the Mean columns' intervals; ``dirty``: (target, T, method, bench) made by a
+    working tree with uncommitted changes (stats.dirty_cells)."""
     return _speedup_table("main_table", "Speedup (Spd) over vanilla and mean accepted length τ per benchmark",
                           "Spd [95% interval] (n=conversations) = end-to-end speedup over the same file's vanilla; "
                           "Mean = mean over the mission benchmarks each method ran (n summed; mixed streams are in "
-                          "streams_table)", cells, methods, provenance, bold, loaded, means, aa)
+                          "streams_table)", cells, methods, provenance, bold, loaded, means, aa, dirty)
 
 
 def streams_table(cells: pd.DataFrame, methods: pd.DataFrame, provenance: Sequence[str] = (),
                   bold: frozenset = frozenset(), loaded: frozenset = frozenset(),
-                  means: pd.DataFrame | None = None, aa: bool = True) -> Table:
+                  means: pd.DataFrame | None = None, aa: bool = True, dirty: frozenset = frozenset()) -> Table:
     """The main table's layout for the mixed query streams (``--bench mixed --passes N``), where the methods
     that learn while serving are measured: one column per stream, its own mean, T_D% and greedy match over
     the stream records only."""
@@ -74,14 +92,20 @@ def streams_table(cells: pd.DataFrame, methods: pd.DataFrame, provenance: Sequen
                           "query streams (methods that learn while serving, and their static baselines)",
                           "Spd [95% interval] (n=queries over all passes) = end-to-end speedup over the same "
                           "file's vanilla on the same stream; Mean = mean over the streams each method ran",
-                          cells, methods, provenance, bold, loaded, means, aa)
+                          cells, methods, provenance, bold, loaded, means, aa, dirty)
 
 
-def _spd_cell(spd: float, lo: float, hi: float, n, loaded: bool) -> str:
-    """'0.91× [0.88, 0.94] (n=24)', with the under-load mark."""
+def _spd_cell(spd: float, lo: float, hi: float, n, loaded: bool, dirty: bool = False, bold: bool = False) -> Cell:
+    """'0.91× [0.88, 0.94] (n=24)', with the under-load and dirty-tree marks; on the page '0.91×' and the marks
+    (the interval and n on hover)."""
     if not finite(spd):
-        return DASH
-    return f"{fmt_ci(fmt_spd(spd), lo, hi, fmt_spd)} (n={int(n)})" + (f" {MARK}" if loaded else "")
+        return Cell(DASH, bold)
+    marks = (f" {MARK}" if loaded else "") + (f" {DIRTY}" if dirty else "")
+    return Cell(f"{fmt_ci(fmt_spd(spd), lo, hi, fmt_spd)} (n={int(n)})" + marks, bold, fmt_spd(spd) + marks)
+
+
+def _tau_cell(tau: float, lo: float, hi: float) -> Cell:
+    return Cell(fmt_ci(fmt_tau(tau), lo, hi, fmt_tau), False, fmt_tau(tau))
 
 
 def resolution_note(cells: pd.DataFrame, aa: bool = True) -> str | None:
@@ -120,7 +144,7 @@ def _ideal_note(cells: pd.DataFrame) -> str:
 
 def _speedup_table(name: str, title: str, spd_note: str, cells: pd.DataFrame, methods: pd.DataFrame,
                    provenance: Sequence[str], bold: frozenset, loaded: frozenset,
-                   means: pd.DataFrame | None = None, aa: bool = True) -> Table:
+                   means: pd.DataFrame | None = None, aa: bool = True, dirty: frozenset = frozenset()) -> Table:
     benches = sorted(cells.bench.unique(), key=bench_key)
     pooled = mean_benches(benches)
     columns, groups = _bench_groups(benches, ["Method"])
@@ -149,18 +173,19 @@ def _speedup_table(name: str, title: str, spd_note: str, cells: pd.DataFrame, me
                 lo, hi = part.at[bench, "speedup_lo"], part.at[bench, "speedup_hi"]
                 tlo, thi = part.at[bench, "tau_lo"], part.at[bench, "tau_hi"]
                 n_all += int(n) if finite(spd) and bench in pooled else 0
-                row += [Cell(_spd_cell(spd, lo, hi, n, (*key, bench) in loaded), (*key, bench) in bold),
-                        Cell(fmt_ci(fmt_tau(tau), tlo, thi, fmt_tau))]
+                row += [_spd_cell(spd, lo, hi, n, (*key, bench) in loaded, (*key, bench) in dirty,
+                                  (*key, bench) in bold),
+                        _tau_cell(tau, tlo, thi)]
                 data.update({f"{bench}_spd": spd, f"{bench}_spd_lo": lo, f"{bench}_spd_hi": hi, f"{bench}_tau": tau,
                              f"{bench}_tau_lo": tlo, f"{bench}_tau_hi": thi, f"{bench}_n": n})
             greedy, greedy_n = per_method.at[key, "greedy_match"], per_method.at[key, "greedy_n"]
             any_loaded = any((*key, b) in loaded for b in pooled)
+            any_dirty = any((*key, b) in dirty for b in pooled)
             # A method that ran none of the pooled benches has no Mean (NaN, printed as a dash).
             mean_spd, mean_tau, mean_ideal, mean_eff = (pooled_means[c].get(key, math.nan) for c in pooled_means)
-            row += [Cell(_spd_cell(mean_spd, mean_of(key, "mean_spd_lo"), mean_of(key, "mean_spd_hi"), n_all,
-                                   any_loaded), (*key, MEAN) in bold),
-                    Cell(fmt_ci(fmt_tau(mean_tau), mean_of(key, "mean_tau_lo"), mean_of(key, "mean_tau_hi"),
-                                fmt_tau)),
+            row += [_spd_cell(mean_spd, mean_of(key, "mean_spd_lo"), mean_of(key, "mean_spd_hi"), n_all, any_loaded,
+                              any_dirty, (*key, MEAN) in bold),
+                    _tau_cell(mean_tau, mean_of(key, "mean_tau_lo"), mean_of(key, "mean_tau_hi")),
                     Cell(fmt_spd(mean_ideal)), Cell(fmt_pct(mean_eff)),
                     Cell(fmt_pct(per_method.at[key, "td"])),
                     Cell(f"{fmt_pct(greedy)} ({int(greedy_n)})" if greedy_n else DASH)]
@@ -169,7 +194,7 @@ def _speedup_table(name: str, title: str, spd_note: str, cells: pd.DataFrame, me
                         mean_tau_lo=mean_of(key, "mean_tau_lo"), mean_tau_hi=mean_of(key, "mean_tau_hi"),
                         mean_ideal_spd=mean_ideal,
                         mean_efficiency=mean_eff, td_percent=100 * per_method.at[key, "td"],
-                        greedy_match=greedy, greedy_n=greedy_n, under_load=any_loaded)
+                        greedy_match=greedy, greedy_n=greedy_n, under_load=any_loaded, dirty_tree=any_dirty)
             rows.append(row)
             records.append(data)
         sections.append((block_label((target, temp)), rows))
@@ -191,6 +216,11 @@ def _speedup_table(name: str, title: str, spd_note: str, cells: pd.DataFrame, me
         notes.append(f"{MARK} = a turn of this cell was recorded under load: other work above {TURN_LOAD:g} CPU "
                      "(the 1-minute load after the turn, record load_avg, minus the run's own threads) for any side "
                      "of it; its timings are suspect: re-time them (bench/reference_set.py --retime-flagged)")
+    shown = zip(cells.target, cells.temperature, cells.method, cells.bench)
+    if used := sorted({key[2] for key in shown if key in dirty}):
+        notes.append(f"{DIRTY} = made by a working tree with uncommitted code changes (the header's git_sha ends in "
+                     "-dirty; its git_dirty field holds the diff's sha256 and file names): no commit holds the code "
+                     f"that made it, so it cannot be reproduced as it stands ({', '.join(used)})")
     notes += [f"{m} × {b} ({block_label((t, temp))}): {why}" for (t, temp, m, b), why in missing_reasons(cells).items()]
     return Table(name, title, columns, groups, sections, pd.DataFrame(records), notes, list(provenance))
 
@@ -206,9 +236,10 @@ def companion_table(cells: pd.DataFrame, provenance: Sequence[str] = ()) -> Tabl
         for r in sorted(block.itertuples(), key=lambda r: (r.method, bench_key(r.bench))):
             greedy = DASH if not finite(r.greedy_match) else f"{100 * r.greedy_match:.0f}%"
             rows.append([Cell(r.method), Cell(r.bench), Cell(str(r.n_prompts)),
-                         Cell(fmt_ci(fmt_spd(r.speedup), r.speedup_lo, r.speedup_hi, fmt_spd)),
+                         Cell(fmt_ci(fmt_spd(r.speedup), r.speedup_lo, r.speedup_hi, fmt_spd), False,
+                              fmt_spd(r.speedup)),
                          Cell(fmt_spd(r.speedup_decode)), Cell(fmt_spd(r.ideal_speedup)), Cell(fmt_pct(r.efficiency)),
-                         Cell(fmt_ci(fmt_tau(r.tau), r.tau_lo, r.tau_hi, fmt_tau)),
+                         _tau_cell(r.tau, r.tau_lo, r.tau_hi),
                          Cell(fmt_tau(r.tau_macro)), Cell(fmt_pct(r.td)), Cell(greedy),
                          Cell(fmt_tps(r.tokens_per_s)), Cell(fmt_tps(r.vanilla_tokens_per_s))])
             if r.reason:
@@ -233,10 +264,10 @@ def ablation_groups(sides: Mapping[str, MethodInfo]) -> dict[str, list[str]]:
     ablation are left out. Labels differing only in budget form a sweep (its own figure), not an ablation."""
     def key(label: str, method: str) -> str:
         info = sides[label]
-        if label.startswith(info.method):  # "specblock-no-shift (400 steps)" -> "specblock (400 steps)"
-            return method + label[len(info.method):]
-        budget = budget_of(label)  # a label of its own: only its node budget groups it
-        return method + (f"@budget={budget[1]}" if budget else "")
+        if info.stem.startswith(info.method):  # "specblock-no-shift (400 steps)" -> "specblock (400 steps)"
+            return method + info.stem[len(info.method):] + "".join(f"@{k}={v}" for k, v in info.shown)
+        # a stem of its own: only its node budget groups it
+        return method + (f"@budget={info.budget}" if info.budget is not None else "")
 
     groups: dict[str, set[str]] = {}
     for label, info in sides.items():
