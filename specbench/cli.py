@@ -190,8 +190,8 @@ def recheck(
     def refuse(path: Path, why: str) -> None:
         if len(paths) == 1:  # the one file: its reason is the error line
             raise SpecbenchError(f"{path}: {why}")
-        refused.append(str(path))
-        err.print(f"[red]error:[/] {_one_line(f'{path}: {why}')}", highlight=False, soft_wrap=True)
+        refused.append(str(path))  # its line goes with the report; stderr keeps the one error line
+        console.print(f"{path}: refused: {why}", highlight=False, markup=False, soft_wrap=True)
 
     outcomes = run_recheck(paths, device, data_dir, again, exact_dtype, refused=refuse)
     table = Table(title="divergences by rule (near-tie/unexplained)")
@@ -207,8 +207,8 @@ def recheck(
         line = f"{o.path}: re-scored {o.rescored} flip(s)" + (f"; {o.note}" if o.note else "")
         console.print(line, highlight=False, markup=False, soft_wrap=True)
     if refused:
-        raise SpecbenchError(f"recheck refused {len(refused)} of {len(paths)} file(s) (the lines above say why); "
-                             "the others were re-checked")
+        raise SpecbenchError(f"recheck refused {len(refused)} of {len(paths)} file(s) ({', '.join(refused)}; the "
+                             "report above says why); the others were re-checked")
 
 
 @list_app.command("presets")
