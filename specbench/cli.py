@@ -168,6 +168,49 @@ def export(
         console.print(str(path))
 
 
+@app.command()
+def recheck(
+    results: list[str] = typer.Argument(..., help="Results files or globs (e.g. results/*.jsonl)."),
+    device: Optional[str] = typer.Option(None, help="Where to re-score: cpu, cuda or cuda:N (default: the device "
+                                                    "each file was run on; the noise is that device's)."),
+    data_dir: Optional[str] = typer.Option(None, help="Folder of benchmark JSONL files (else $SPECBENCH_DATA)."),
+    again: bool = typer.Option(False, help="Re-score flips that already carry the exact rule's verdict."),
+    exact_dtype: str = typer.Option("float32", help="The exact forward's dtype: float32 or float64."),
+) -> None:
+    """Judge the greedy flips of results files already written by the exact rule (no re-timing): each
+    flip's shared prefix re-scored exactly and in the run's dtype; writes the verdicts into the records'
+    `divergence` and prints, per file and method, both rules' counts and where they disagree."""
+    import glob
+
+    from specbench.run.recheck import recheck as run_recheck
+
+    paths = [Path(p) for pattern in results for p in (sorted(glob.glob(pattern)) or [pattern])]
+    refused: list[str] = []
+
+    def refuse(path: Path, why: str) -> None:
+        if len(paths) == 1:  # the one file: its reason is the error line
+            raise SpecbenchError(f"{path}: {why}")
+        refused.append(str(path))  # its line goes with the report; stderr keeps the one error line
+        console.print(f"{path}: refused: {why}", highlight=False, markup=False, soft_wrap=True)
+
+    outcomes = run_recheck(paths, device, data_dir, again, exact_dtype, refused=refuse)
+    table = Table(title="divergences by rule (near-tie/unexplained)")
+    for col in ("file", "method", "bound", "exact", "disagree", "not re-scored"):
+        table.add_column(col, justify="left" if col in ("file", "method") else "right")
+    for o in outcomes:
+        for side, c in o.counts.items():
+            table.add_row(o.path.name, side, f"{c['old_near_tie']}/{c['old_unexplained']}",
+                          f"{c['exact_near_tie']}/{c['exact_unexplained']}", str(c["disagree"]),
+                          str(c["not_rescored"]))
+    console.print(table)
+    for o in outcomes:
+        line = f"{o.path}: re-scored {o.rescored} flip(s)" + (f"; {o.note}" if o.note else "")
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
+    if refused:
+        raise SpecbenchError(f"recheck refused {len(refused)} of {len(paths)} file(s) ({', '.join(refused)}; the "
+                             "report above says why); the others were re-checked")
+
+
 @list_app.command("presets")
 def list_presets() -> None:
     """Paper presets for `specbench reproduce`."""

@@ -468,3 +468,32 @@ def test_divergence_table_sets_each_flips_gap_beside_the_noise(tmp_path: Path):
     assert row.noise == 0.375 and row.noise_roundings == 40.0
     assert row.gap_max == 0.375 and row.tolerance_min == 0.9
     assert "| 0.375 | 0.375 | 0.9 |" in render_markdown(divergence_table(files))
+
+
+def test_divergence_table_counts_both_rules_and_where_they_disagree(tmp_path: Path):
+    """bf16 flips judged by the exact rule count under both rules (the bound's verdict kept as old_status); a
+    flip written before the rule existed counts under the bound and as not re-scored; fp32 has no exact column."""
+    from specbench.analysis.report.checks import divergence_frame, divergence_table
+    from specbench.analysis.report.records import load_result_files
+    from specbench.analysis.report.render import render_markdown
+
+    flips = [dict(status="near-tie", rule="exact", old_status="near-tie", position_noise=0.125),
+             dict(status="unexplained", rule="exact", old_status="near-tie", position_noise=0.25),
+             dict(status="unexplained", after_turn=1, rule="exact", old_status="near-tie"),
+             dict(status="near-tie", method_margin=0.0625, vanilla_margin=0.0625, tolerance=2.5),
+             dict(status="identical", noise=0.375)]
+    for dtype in ("bfloat16", "float32"):
+        records = vanilla_records(benches=("humaneval",), prompts=5)
+        for r, d in zip(method_records("sps", benches=("humaneval",), prompts=5), flips):
+            r.divergence = d
+            records.append(r)
+        (tmp_path / dtype).mkdir()
+        write_jsonl(tmp_path / dtype / "d.jsonl", records, dtype=dtype, temperature=0.0)
+    bf16 = load_result_files(tmp_path / "bfloat16")
+    row = divergence_frame(bf16).iloc[0]
+    assert (row.near_tie, row.unexplained) == (2, 2)  # each status as the rule that set it says
+    assert (row.old_near_tie, row.old_unexplained, row.exact_near_tie, row.exact_unexplained) == (4, 0, 1, 2)
+    assert (row.disagree, row.not_rescored, row.position_noise_max) == (2, 1, 0.25)
+    assert "| 4/0 | **1/2 +1** | 0.25 | **2** |" in render_markdown(divergence_table(bf16))
+    fp32 = render_markdown(divergence_table(load_result_files(tmp_path / "float32")))
+    assert "| 4/0 | — | — | — |" in fp32

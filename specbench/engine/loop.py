@@ -146,9 +146,9 @@ def generate(target: Target, drafter: Drafter, prompt_ids: Sequence[int], config
         chain_calls=chain_calls,
     )
     record.top_logits = TopLogits.from_rows(tops, len(new_tokens)) if tops is not None else None  # not written
+    record.prompt_ids = prompt_ids  # not written either: a flip's re-scoring replays the prompt (rescore.py)
     if kept is not None:  # not written either: row j chose new_tokens[j]
         record.logit_rows = torch.cat(kept)[: len(new_tokens)].cpu()
-        record.prompt_ids = prompt_ids
     return record
 
 

@@ -38,6 +38,7 @@ from specbench.run.benchmarks import HEADER_KEY, category_header
 from specbench.options import check_context
 from specbench.run.merge import find_parts, merge_runs, part_path, read_run, write_run
 from specbench.engine.prompts import ChatFormat, render_chat
+from specbench.engine.rescore import Rescorer
 from specbench.records import GenerationRecord
 from specbench.run.results import RunStore, config_hash, environment_metadata
 from specbench.run.run_config import RunConfig, validate  # noqa: F401  (also imported from here)
@@ -162,6 +163,9 @@ class Runner:
         # that ran before its vanilla twin waits here, unwritten, until the twin exists (lost on an interrupt,
         # so a resume reruns it).
         self.explain = with_baseline and self.sampling.greedy
+        # bf16/fp16: each new flip is re-scored by the exact rule (an fp32 copy of the target made at the first one)
+        self.rescorer = Rescorer(self.target) if self.explain and divergence.exact_rule_applies(self.target.dtype) \
+            else None
         self.held: dict[tuple, GenerationRecord] = {}
         # --check forced: vanilla's turns keep their logit rows until their query has ended (engine/forced.py)
         self.forced = cfg.turn_check == "forced"
@@ -320,6 +324,9 @@ class Runner:
                                                     getattr(record, "top_logits", None),
                                                     getattr(base, "top_logits", None), self.target.dtype,
                                                     divergence.layers_of(self.target.model))
+            prompt_ids = getattr(record, "prompt_ids", None)  # kept in memory by generate
+            if self.rescorer is not None and prompt_ids is not None and divergence.rescorable(record.divergence):
+                record.divergence = self.rescorer.judge(record.divergence, prompt_ids, record)
         if self.forced and base is not None:  # untimed: after the turn's clock has stopped
             record.forced = forced_check(self.target, dict(self.sides)[record.method], base,
                                          GenerationConfig(self.cfg.max_new_tokens, self.sampling, record.seed))
