@@ -52,8 +52,7 @@ def favouring(tree: DraftTree, seed: int) -> torch.Tensor:
 
 def sampled_tree(widths: list[int], seed: int, distinct_q: bool = False) -> DraftTree:
     """Siblings drawn i.i.d. from their parent's q; the first child of each level is expanded.
-    ``distinct_q``: the second sibling of each family declares its own q (with mass where the
-    first's has none), which the engine's rule C does not read."""
+    ``distinct_q``: the second sibling of each family is drawn from a q of its own (refused by rule C)."""
     gen = torch.Generator().manual_seed(seed)
     tokens, parents, qs, parent = [], [], [], -1
     for width in widths:
@@ -117,7 +116,6 @@ EQUALITY_CASES = {
     "B": (lambda: deterministic_tree(1), TreeRule.RECURSIVE_REJECTION),
     "C-chain": (lambda: sampled_tree([1, 1, 1, 1], 2), TreeRule.MULTI_DRAFT),
     "C-siblings": (lambda: sampled_tree([3, 2, 2], 3), TreeRule.MULTI_DRAFT),
-    "C-distinct-q": (lambda: sampled_tree([2, 2], 4, distinct_q=True), TreeRule.MULTI_DRAFT),
     "empty": (DraftTree.empty, TreeRule.SAMPLE_AND_MATCH),
 }
 
@@ -135,6 +133,15 @@ def test_vectorised_walk_equals_the_engine_walk_on_the_same_numbers(case, monkey
     assert ours == engine
     if len(tree):
         assert max(len(w) for w in ours) >= 3  # walks went two nodes deep at least
+
+
+def test_the_replay_refuses_what_the_engine_refuses():
+    tree = sampled_tree([2, 2], 4, distinct_q=True)
+    probs = logits_to_probs(favouring(tree, 7), T1)
+    for walker in (lambda: verify.walk(tree, favouring(tree, 7), T1, torch.Generator().manual_seed(0)),
+                   lambda: replay(tree, probs, TreeRule.MULTI_DRAFT, 10, FreshDraws(torch.Generator()))):
+        with pytest.raises(ValueError, match="different q rows"):
+            walker()
 
 
 # ---- the statistics on exact draws and on biased ones -------------------------------------------------

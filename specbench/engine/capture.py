@@ -133,24 +133,27 @@ class CapturingDrafter(Drafter):
 @torch.inference_mode()
 def sequential_rows(model, prefix: list[int], tree: DraftTree) -> torch.Tensor:
     """[N+1, V] float32 logits of rows [root, nodes...] from plain causal forwards: the prefix once,
-    then each root-to-leaf path on top of its cache (the root row is the last prefix token's)."""
+    then every root-to-leaf path at once on top of its cache (one batch row per leaf, right-padded;
+    the root row is the last prefix token's)."""
     from transformers import DynamicCache
 
     device = model.get_input_embeddings().weight.device
-    cache = DynamicCache()
+    paths = [tree.path_to(leaf) for leaf in tree.leaves()] or [[]]
+    width = 1 + max(len(path) for path in paths)
+    ids = torch.full((len(paths), width), prefix[-1], dtype=torch.long)
+    for i, path in enumerate(paths):
+        ids[i, 1:len(path) + 1] = torch.tensor([tree.token_list[n] for n in path], dtype=torch.long)
     start = len(prefix) - 1
+    cache = DynamicCache()
     if start:
         model(input_ids=torch.tensor([prefix[:-1]], device=device),
               position_ids=torch.arange(start, device=device)[None], use_cache=True, **kvcache.cache_arg(model, cache))
-    rows: torch.Tensor | None = None
-    for leaf in tree.leaves() or [None]:
-        path = [] if leaf is None else tree.path_to(leaf)
-        ids = [prefix[-1]] + [tree.token_list[n] for n in path]
-        out = model(input_ids=torch.tensor([ids], device=device),
-                    position_ids=torch.arange(start, start + len(ids), device=device)[None], use_cache=True,
-                    **kvcache.cache_arg(model, cache)).logits[0].float().cpu()
-        if rows is None:
-            rows = torch.empty(len(tree) + 1, out.shape[-1])
-        rows[[0] + [n + 1 for n in path]] = out
-        kvcache.truncate(cache, start)
+        cache.batch_repeat_interleave(len(paths))
+    positions = torch.arange(start, start + width, device=device).expand(len(paths), -1)
+    logits = model(input_ids=ids.to(device), position_ids=positions, use_cache=True,
+                   **kvcache.cache_arg(model, cache)).logits.float().cpu()
+    rows = torch.empty(len(tree) + 1, logits.shape[-1])
+    rows[0] = logits[0, 0]
+    for i, path in enumerate(paths):
+        rows[[n + 1 for n in path]] = logits[i, 1:len(path) + 1]
     return rows

@@ -155,12 +155,14 @@ class _Rows:
         return self._chain[node]
 
     def multi_draft_chain(self, node: int) -> tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Rule C at ``node``'s row: the children, the q the engine reads for all of them (the first
-        child's), the residual before each sibling [m + 1, V], and the bonus's CDF after all were rejected."""
+        """Rule C at ``node``'s row: the children, their shared q, the residual before each sibling
+        [m + 1, V], and the bonus's CDF after all were rejected."""
         if node not in self._chain:
             kids = self.kids[node]
             p = self.probs[node + 1].clone()
             q = self.tree.q[kids[0]].to(torch.float32, copy=True).cpu()
+            if any(not torch.equal(self.tree.q[k], self.tree.q[kids[0]]) for k in kids[1:]):
+                raise ValueError(f"rule C: the children of node {node} declare different q rows")  # as verify.py
             residuals = [p]
             for _ in kids:
                 p = _normalise(torch.clamp(p - q, min=0.0), p)
@@ -228,16 +230,13 @@ def _step(rows: _Rows, row: int, walks: torch.Tensor, source, result: Replay) ->
     kids, q, residuals, bonus_cdf = rows.multi_draft_chain(node)
     m = len(kids)
     drawn = torch.stack([inverse_cdf(rows.q_cdf(k), source.node(walks, k)) for k in kids], 1)  # [w, m] redrawn
-    qx = q[drawn].double()
-    px = residuals[torch.arange(m)[None], drawn].double()  # each sibling against the residual it meets
-    live = qx > 0  # the engine reads a uniform only for a sibling with q(x) > 0
-    position = live.long().cumsum(1) - live.long()  # where each sibling's uniform sits among this row's reads
-    tried = live.long().sum(1)
+    # Each sibling against the residual it meets; a token drawn from q has q(x) > 0, so the engine reads one
+    # uniform per sibling tried, then one for the bonus.
+    ratio = (residuals[torch.arange(m)[None], drawn].double() / q[drawn].double()).clamp(max=1.0)
     u = source.walk(walks, m + 1).double()
-    ratio = torch.where(live, px / qx.clamp(min=torch.finfo(torch.float64).tiny), 0.0).clamp(max=1.0)
-    hit, first = _first(live & (u.gather(1, position) < ratio))
-    source.consumed(walks, torch.where(hit, position.gather(1, first[:, None])[:, 0] + 1, tried + 1))
-    bonus = inverse_cdf(bonus_cdf, u.gather(1, tried[:, None])[:, 0])
+    hit, first = _first(u[:, :m] < ratio)
+    source.consumed(walks, torch.where(hit, first + 1, m + 1))
+    bonus = inverse_cdf(bonus_cdf, u[:, m])
     accepted = drawn.gather(1, first[:, None])[:, 0]
     kid_index = torch.tensor(kids)[first]
     on_rows = hit & (accepted == tree.tokens[kid_index])

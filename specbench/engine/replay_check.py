@@ -84,10 +84,11 @@ class _StepReplayer:
         index = self.seed * 1_000_003 + 3 * s.trees  # three generators per tree
         clean = replay(tree, probs, step.rule, s.replays, FreshDraws(torch.Generator().manual_seed(index)))
         s.left += clean.left
-        s.clean_rows += tallies_of(clean, probs, tree)
+        cells: dict = {}
+        s.clean_rows += tallies_of(clean, probs, tree, cells)
         biased = replay(tree, probs, step.rule, s.replays, FreshDraws(torch.Generator().manual_seed(index + 1)),
                         Bias(s.control_tv, torch.Generator().manual_seed(index + 2)))
-        s.control_rows += tallies_of(biased, probs, tree)
+        s.control_rows += tallies_of(biased, probs, tree, cells)
         for row, tv in biased.injected.items():
             visits = biased.visits(row)
             self.weight += visits

@@ -46,9 +46,9 @@ class RowTally:
 def cells(p: torch.Tensor, drafted: list[int]) -> torch.Tensor:
     """[V] cell index of every token (-1: p = 0): drafted tokens and the ``TOP`` likeliest alone, the
     rest in ``TAIL_BINS`` bins of equal mass."""
-    p = p.double()
     cell = torch.full(p.shape, -1, dtype=torch.long)
-    order = torch.argsort(p, descending=True)
+    order = torch.argsort(p.float(), descending=True)
+    p = p.double()
     alone = list(dict.fromkeys([int(t) for t in drafted if p[t] > 0] + order[:TOP][p[order[:TOP]] > 0].tolist()))
     cell[torch.tensor(alone, dtype=torch.long)] = torch.arange(len(alone))
     rest = order[(cell[order] < 0) & (p[order] > 0)]
@@ -59,8 +59,9 @@ def cells(p: torch.Tensor, drafted: list[int]) -> torch.Tensor:
     return cell
 
 
-def tally(counts: torch.Tensor, p: torch.Tensor, drafted: list[int]) -> RowTally:
-    cell = cells(p, drafted)
+def tally(counts: torch.Tensor, p: torch.Tensor, drafted: list[int], cell: torch.Tensor | None = None) -> RowTally:
+    """``counts`` [V] on the cells of ``p`` (``cell``: those cells, when already computed)."""
+    cell = cells(p, drafted) if cell is None else cell
     k = int(cell.max()) + 1
     live = cell >= 0
     observed = torch.zeros(k, dtype=torch.long).index_add_(0, cell[live], counts[live].long())
@@ -153,11 +154,14 @@ def judge(tallies: list[RowTally]) -> Verdict:
                    impossible)
 
 
-def tallies_of(replay, probs: torch.Tensor, tree) -> list[RowTally]:
-    """One ``RowTally`` per row the replay reached; the cells of row r single out r's drafted children."""
+def tallies_of(replay, probs: torch.Tensor, tree, cache: dict | None = None) -> list[RowTally]:
+    """One ``RowTally`` per row the replay reached; the cells of row r single out r's drafted children.
+    ``cache``: row -> cells, shared between replays of the same tree."""
+    cache = {} if cache is None else cache
     out = []
     for row, counts in sorted(replay.counts.items()):
         drafted = list(tree.children.get(row - 1, {}))
-        out.append(tally(counts, probs[row], drafted))
+        if row not in cache:
+            cache[row] = cells(probs[row], drafted)
+        out.append(tally(counts, probs[row], drafted, cache[row]))
     return out
-

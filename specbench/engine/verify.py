@@ -164,6 +164,11 @@ def multi_draft_rejection(tree: DraftTree, probs: torch.Tensor, generator: torch
         p = probs[node + 1].clone()
         kids = kids_of.get(node, [])
         q = tree.q[kids[0]].to(p.device, torch.float32, copy=True) if kids else None
+        if any(not torch.equal(tree.q[k], tree.q[kids[0]]) for k in kids[1:]):
+            # The residual rule needs every sibling drawn from one q; reading the first child's for
+            # siblings drawn from others would be biased.
+            raise ValueError(f"rule C: the children of node {node} declare different q rows; siblings must share "
+                             "their parent's proposal")
         moved = False
         for child in kids:
             x = tree.token_list[child]
