@@ -30,12 +30,12 @@ from specbench.engine.verify import SamplingParams
 from specbench.errors import SpecbenchError
 
 warnings.filterwarnings("ignore")
-ISSUE_PROMPT = "Tell me a short story about a cat."  # the prompt of the first SpecBlock chi-square readings
-BENCHES = ("mt_bench", "humaneval", "math500")  # one prompt each after the issue's
+STORY_PROMPT = "Tell me a short story about a cat."  # the prompt of the first SpecBlock chi-square readings
+BENCHES = ("mt_bench", "humaneval", "math500")  # one prompt each after the story
 
 
 def prompts(target: Target, count: int) -> list[tuple[str, list[int]]]:
-    texts = [("story", ISSUE_PROMPT)]
+    texts = [("story", STORY_PROMPT)]
     from specbench.run.benchmarks import load_benchmark
 
     for bench in BENCHES[: max(count - 1, 0)]:
