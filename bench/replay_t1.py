@@ -8,7 +8,7 @@ got, trees, replays, the chi-square p-value, the mean TV per committed token wit
 control's verdict, the q check and the largest TV between a captured row and a plain forward's.
 
 Usage: python bench/replay_t1.py [--methods sps,specblock] [--prompts 3] [--max-new-tokens 24]
-       [--replays 500000] [--seed 0] [--out reports/t1_replay_table.md]
+       [--replays 500000] [--seed 0] [--seeds 1] [--out reports/t1_replay_table.md]
 (a rerun with the same settings and --methods replaces those rows and keeps the others)
 """
 
@@ -30,12 +30,12 @@ from specbench.engine.verify import SamplingParams
 from specbench.errors import SpecbenchError
 
 warnings.filterwarnings("ignore")
-ISSUE_PROMPT = "Tell me a short story about a cat."  # the prompt of the first SpecBlock chi-square readings
-BENCHES = ("mt_bench", "humaneval", "math500")  # one prompt each after the issue's
+STORY_PROMPT = "Tell me a short story about a cat."  # the prompt of the first SpecBlock chi-square readings
+BENCHES = ("mt_bench", "humaneval", "math500")  # one prompt each after the story
 
 
 def prompts(target: Target, count: int) -> list[tuple[str, list[int]]]:
-    texts = [("story", ISSUE_PROMPT)]
+    texts = [("story", STORY_PROMPT)]
     from specbench.run.benchmarks import load_benchmark
 
     for bench in BENCHES[: max(count - 1, 0)]:
@@ -67,7 +67,8 @@ def row(s: ReplaySummary) -> str:
 
 HEADER = """# T = 1 replay on real trees
 
-Target {target} (float32), temperature 1, prompts: {names}; {tokens} new tokens each (prompt i seeded {seed} + i);
+Target {target} (float32), temperature 1, prompts: {names}; {seeds} generation(s) of {tokens} new tokens each
+(generation i seeded {seed} + i);
 {replays:,} replayed walks per captured tree, and as many again with a {control} TV bias injected at every row
 (the negative control). Command: `{command}` (`--methods a,b` reruns some rows of this file).
 
@@ -98,10 +99,11 @@ def write_table(path: Path, rows: dict[str, str], settings: dict, prompt_names: 
             if name in available_methods() and name not in rows:
                 rows[name] = line
     order = [VANILLA] + [m for m in available_methods() if m != VANILLA]
-    command = (f"python bench/replay_t1.py --prompts {settings['prompts']} --max-new-tokens {settings['tokens']} "
-               f"--replays {settings['replays']} --seed {settings['seed']} --out {path}")
+    command = (f"python bench/replay_t1.py --prompts {settings['prompts']} --seeds {settings.get('seeds', 1)} "
+               f"--max-new-tokens {settings['tokens']} --replays {settings['replays']} --seed {settings['seed']} "
+               f"--out {path}")
     text = HEADER.format(target=DEFAULT_TARGET, names=", ".join(prompt_names), command=command,
-                         control=pct(CONTROL_TV), **settings)
+                         control=pct(CONTROL_TV), **{"seeds": 1, **settings})
     text += "\n".join(rows[m] for m in sorted(rows, key=order.index)) + "\n\n" + marker + "\n"
     path.write_text(text)
 
@@ -113,6 +115,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=24)
     ap.add_argument("--replays", type=int, default=500_000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", type=int, default=1, help="generations per prompt, each with its own seed")
     ap.add_argument("--out", default="reports/t1_replay_table.md")
     args = ap.parse_args()
 
@@ -122,15 +125,18 @@ def main() -> None:
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, sampling=SamplingParams(temperature=1.0),
                               seed=args.seed)
     settings = {"prompts": args.prompts, "tokens": args.max_new_tokens, "replays": args.replays, "seed": args.seed}
+    if args.seeds != 1:
+        settings["seeds"] = args.seeds
     rows: dict[str, str] = {}
     for name in methods:
-        drafter = create_drafter(name)
         try:
+            drafter = create_drafter(name)
             drafter.setup(target)
         except SpecbenchError as exc:
             print(f"{name}: skipped ({exc})", file=sys.stderr)
             continue
-        s = replay_check(target, drafter, [ids for _, ids in named], config, args.replays, args.seed, method=name)
+        runs = [ids for _, ids in named for _ in range(args.seeds)]  # generation i is seeded seed + i
+        s = replay_check(target, drafter, runs, config, args.replays, args.seed, method=name)
         rows[name] = row(s)
         print(rows[name], f"{s.seconds:.0f}s", flush=True)
         write_table(Path(args.out), dict(rows), settings, [n for n, _ in named])
