@@ -60,7 +60,8 @@ def run_trainer(trainer, values: dict) -> dict:
     """Check ``values`` (flag name -> value) before anything loads, then train."""
     options = trainer.Options(**commands.values_for(trainer.Options, values))
     method = trainer()
-    opts.validate(options, f"train {trainer.command or 'drafter'}", commands.label(trainer.Options))
+    # a trainer that does not derive from MethodTrainer (a plugin's own class) may have no command name
+    opts.validate(options, f"train {getattr(trainer, 'command', '') or 'drafter'}", commands.label(trainer.Options))
     check_options(vars(options), then=lambda: method.check(options))
     options.dtype = training_dtype(options.dtype, options.device)
     return_large_frees_to_os()
