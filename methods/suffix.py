@@ -24,8 +24,8 @@ in one line before any model loads.
 
 from __future__ import annotations
 
+import copy
 import importlib.util
-import itertools
 from dataclasses import dataclass
 
 from specbench.engine.drafter import DecodeState, Drafter, VerifyResult
@@ -75,12 +75,14 @@ class SuffixDrafter(Drafter):
         super().setup(target)
         self.cache = SuffixDecodingCache(max_tree_depth=self.options.depth,
                                          max_cached_requests=self.options.memory)
-        self.ids = itertools.count()
+        self.responses: dict[int, list[int]] = {}  # what the global tree holds, to rebuild it (see __deepcopy__)
+        self.next_request = 0
 
     def begin(self, state: DecodeState, prefill) -> None:
-        self.request = next(self.ids)
+        self.request, self.next_request = self.next_request, self.next_request + 1
         self.cache.start_request(self.request, state.tokens[: state.prompt_len])
-        self.cache.add_active_response(self.request, state.tokens[state.prompt_len:])  # the prefill's token
+        self.responses[self.request] = []
+        self._respond(state.tokens[state.prompt_len:])  # the prefill's token
         self.turn = {"drafted": 0, "steps_with_draft": 0, "match_len": 0}
 
     def propose(self, state: DecodeState) -> DraftTree:
@@ -97,11 +99,36 @@ class SuffixDrafter(Drafter):
         return DraftTree(draft.token_ids, draft.parents)
 
     def observe(self, state: DecodeState, result: VerifyResult) -> None:
-        self.cache.add_active_response(self.request, result.committed)
+        self._respond(result.committed)
+
+    def _respond(self, tokens) -> None:
+        self.cache.add_active_response(self.request, tokens)
+        self.responses[self.request].extend(tokens)
 
     def end(self, state: DecodeState) -> dict:
         self.cache.stop_request(self.request)  # its response stays in the global tree
+        for evicted in self.responses.keys() - self.cache.cached_requests:
+            del self.responses[evicted]
         steps = max(self.turn["steps_with_draft"], 1)
         return {"suffix_drafted": self.turn["drafted"], "suffix_steps_with_draft": self.turn["steps_with_draft"],
                 "suffix_mean_match_len": round(self.turn["match_len"] / steps, 3),
                 "suffix_memory": len(self.cache.cached_requests)}
+
+    def __deepcopy__(self, memo: dict) -> "SuffixDrafter":
+        """A copy with its own global tree holding the same responses in the same order (the forced check's
+        pass runs on a copy: ``Drafter.learns``). ArcticInference's C++ tree cannot be copied, so it is
+        rebuilt from the responses; called between turns, when no request is active."""
+        if self.cache.active_requests:
+            raise RuntimeError("a suffix drafter is copied between turns, not during one")
+        twin = copy.copy(self)
+        memo[id(self)] = twin
+        for key, value in vars(self).items():
+            if key != "cache":
+                setattr(twin, key, copy.deepcopy(value, memo))
+        twin.cache = type(self.cache)(max_tree_depth=self.cache.max_tree_depth,
+                                      max_cached_requests=self.cache.max_cached_requests)
+        for request in self.cache.cached_requests:  # insertion order: oldest first, as FIFO eviction needs
+            twin.cache.start_request(request, [])
+            twin.cache.add_active_response(request, self.responses[request])
+            twin.cache.stop_request(request)
+        return twin

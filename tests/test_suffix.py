@@ -56,6 +56,42 @@ def test_memory_is_what_a_repeat_drafts_from():
     assert sum(run(large, target, a).accept_lengths) > sum(run(small, target, a).accept_lengths)
 
 
+@needs_arctic
+@pytest.mark.parametrize("memory", [100000, 2])
+def test_a_copy_drafts_as_the_original_and_its_learning_stays_its_own(memory):
+    """The forced check runs a learning drafter's pass on a deep copy: the suffix drafter's copy rebuilds the
+    C++ global tree from the kept responses (after FIFO eviction with memory=2), so it drafts exactly as
+    the original does, and what the copy then learns never reaches the original."""
+    import copy
+
+    target = tiny_target(0, vocab=48)
+    a, b, c = [3, 7, 3, 7, 11, 3, 7, 2, 9, 3], [5, 1, 8, 20, 33], [9, 9, 4, 2, 17]
+    drafter = SuffixDrafter(SuffixOptions(memory=memory))
+    drafter.setup(target)
+    for prompt in (a, b, c):
+        run(drafter, target, prompt)
+    twin = copy.deepcopy(drafter, memo={id(target): target})
+    assert twin.target is target and twin.cache is not drafter.cache
+    assert list(twin.cache.cached_requests) == list(drafter.cache.cached_requests)
+    assert len(drafter.responses) == min(memory, 3)
+    probe = [drafter.responses[r][i:i + 4] for r in drafter.responses for i in (0, 9)] + [a[:4]]
+
+    def drafts(d):
+        return [(x.token_ids, x.parents, x.score) for x in (d.cache.speculate("probe", ctx, max_spec_tokens=16)
+                                                            for ctx in probe)]
+
+    drafter.cache.start_request("probe", [])  # speculate needs an active request (a new id: an old one is evicted)
+    twin.cache.start_request("probe", [])
+    assert drafts(twin) == drafts(drafter)
+    before = drafts(drafter)
+    assert sum(len(tokens) > 2 for tokens, _, _ in before) >= 2  # the probes match earlier responses
+    twin.cache.stop_request("probe")
+    run(twin, target, a)  # the copy learns a response the original never saw
+    assert run(twin, target, b).extra["suffix_memory"] == min(memory, 6)
+    assert drafts(drafter) == before and len(drafter.cache.cached_requests) == min(memory, 4)
+    drafter.cache.stop_request("probe")
+
+
 @pytest.mark.parametrize("raw,needle", [({"memory": "0"}, "memory"), ({"max_spec": "0"}, "max_spec"),
                                         ({"min_prob": "2"}, "min_prob")])
 def test_bad_options_are_one_line_errors(raw, needle):
