@@ -115,6 +115,11 @@ class RunConfig:
     # drafted nodes per verify for every side with a budget option (Drafter.budget_option)
     budget: int | None = flag(None, "Drafted nodes per verify call for every side whose method has a "
                               "node-budget option (`specbench list methods` names it); a side's own setting wins.")
+    # requests decoded together (engine/batch_loop.py); 1 = one at a time through engine/loop.py
+    batch_size: int = flag(1, "Requests decoded together: every side (and vanilla) decodes the stream B at a time, "
+                           "one target forward per step for all B (1 = one request at a time).")
+    continuous: bool = flag(False, "With --batch-size > 1: a finished request's slot takes the next prompt at once "
+                            "(else static batches, refilled when all B have finished).")
     target_revision: str | None = flag(None, "Hub revision of --target (branch, tag or commit sha).")
     chat_template: str = flag("auto", "auto (tokenizer's template; vicuna_v1.1 for Vicuna models without one), "
                               "tokenizer, vicuna_v1.1 or plain.")  # prompts.TEMPLATES
@@ -147,6 +152,9 @@ class RunConfig:
             ident["repeats"] = self.repeats
         if self.budget is not None:
             ident["budget"] = self.budget
+        if self.batch_size != 1:  # only when batched, so batch-1 runs keep their hash
+            ident["batch_size"] = self.batch_size
+            ident["continuous"] = self.continuous
         return ident
 
 
