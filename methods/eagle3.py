@@ -474,7 +474,8 @@ class Eagle3Drafter(Drafter):
         rows, device = self.rows, self.target.device
         counts = [p.shape[0] for p in self.row_pending]
         n = max(counts)
-        hidden = torch.zeros(len(states), n, self.row_pending[0].shape[-1], dtype=self.row_pending[0].dtype, device=device)
+        first = self.row_pending[0]
+        hidden = torch.zeros(len(states), n, first.shape[-1], dtype=first.dtype, device=device)
         ids = torch.zeros(len(states), n, dtype=torch.long)
         for b, (state, pending, length) in enumerate(zip(states, self.row_pending, rows.lengths)):
             hidden[b, : counts[b]] = pending

@@ -250,18 +250,19 @@ class SpSDrafter(Drafter):
             feeds.append(state.tokens[keep:])
         drafts: list[list[int]] = [[] for _ in states]
         qs: list[list[torch.Tensor]] = [[] for _ in states]
+        greedy = [state.params.greedy for state in states]
         for _ in range(self.options.gamma):
             logits = self._ragged_logits(feeds, states[0].timer)
-            picks = logits.argmax(-1).tolist() if states[0].params.greedy else None
+            picks = logits.argmax(-1).tolist() if any(greedy) else None  # one read-back for the greedy rows
             for b, state in enumerate(states):
-                token, q = (picks[b], None) if picks is not None else self._pick(logits[b], state)
+                token, q = (picks[b], None) if greedy[b] else self._pick(logits[b], state)
                 drafts[b].append(token)
                 qs[b].append(q)
             feeds = [[chain[-1]] for chain in drafts]
         self.row_tokens = [state.tokens + chain[:-1] for state, chain in zip(states, drafts)]
-        if not states[0].params.greedy:
-            return [DraftTree.chain(chain, q=torch.stack(q), kind=SiblingKind.SAMPLED_IID) for chain, q in zip(drafts, qs)]
-        return [DraftTree.chain(chain) for chain in drafts]
+        return [DraftTree.chain(chain) if exact else
+                DraftTree.chain(chain, q=torch.stack(q), kind=SiblingKind.SAMPLED_IID)
+                for chain, q, exact in zip(drafts, qs, greedy)]
 
     def _ragged_logits(self, feeds: list[list[int]], timer) -> torch.Tensor:
         """One draft forward over every row's feed (appended to its cached prefix); [B, V] at each last token."""

@@ -56,7 +56,8 @@ def test_batched_conversations_answer_their_second_turn(models, tmp_path, capsys
     args[args.index("humaneval")] = "mt_bench"
     assert cli(args, capsys)[0] == 0
     records = read(out)[1:]
-    assert sorted((r["method"], r["turn"]) for r in records) == [(m, t) for m in ("sps", "vanilla") for t in (0, 0, 1, 1)]
+    turns = sorted((r["method"], r["turn"]) for r in records)
+    assert turns == [(m, t) for m in ("sps", "vanilla") for t in (0, 0, 1, 1)]
     for pair in by_prompt(records).values():
         assert pair["sps"]["new_tokens"] == pair["vanilla"]["new_tokens"]
 
@@ -91,3 +92,25 @@ def test_batched_runs_get_their_own_default_file():
     assert RunConfig(method="sps", bench="humaneval").identity() == {
         k: v for k, v in RunConfig(method="sps", bench="humaneval", batch_size=4).identity().items()
         if k not in ("batch_size", "continuous")}
+
+
+@pytest.mark.slow
+@needs_data
+def test_real_target_batched_texts_equal_batch1_vanilla(tmp_path, capsys):
+    """SmolLM2-135M in fp32, four HumanEval prompts: static batches of 2 and continuous batches of 4, with
+    batched drafting (SpS, EAGLE-3) and per-request drafting (prompt lookup, SpecBlock)."""
+    common = ["--bench", "humaneval", "--limit", "4", "--dtype", "float32", "--max-new-tokens", "32", "--no-warmup"]
+    alone = tmp_path / "alone.jsonl"
+    assert cli(["run", "--method", "vanilla", "--baseline", "none", "--out", str(alone), *common], capsys)[0] == 0
+    expected = {r["prompt_id"]: r["new_tokens"] for r in read(alone)[1:]}
+    for extra in (["--batch-size", "2"], ["--batch-size", "4", "--continuous"]):
+        out = tmp_path / f"b{extra[1]}.jsonl"
+        args = ["run", "--method", "sps", "--also", "eagle3", "--also", "pld", "--also", "specblock", "--out", str(out)]
+        code, _, stderr = cli(args + common + extra, capsys)
+        assert code == 0, stderr
+        records = read(out)[1:]
+        assert len(records) == 5 * 4
+        for r in records:
+            assert r["new_tokens"] == expected[r["prompt_id"]], (extra, r["method"], r["prompt_id"])
+            assert r["batch"]["size"] == int(extra[1])
+        assert sum(sum(r["accept_lengths"]) for r in records if r["method"] == "eagle3") > 0

@@ -36,8 +36,9 @@ def break_batched_step(monkeypatch, kind: str) -> None:
                 self.cache.truncate(b, length - 1)
         monkeypatch.setattr(BatchTarget, "commit", commit)
     elif kind == "rows_off_by_one":  # node i keeps the keys/values of the row before it
-        monkeypatch.setattr(BatchTarget, "commit",
-                            lambda self, packed, kept: real(self, packed, [[0] + [r - 1 for r in rows[1:]] for rows in kept]))
+        def commit(self, packed, kept):
+            real(self, packed, [[0] + [r - 1 for r in rows[1:]] for rows in kept])
+        monkeypatch.setattr(BatchTarget, "commit", commit)
     elif kind == "accept_one_more":  # the first rejected draft is accepted too, the bonus drawn from its row
         walk = batch_loop.walk
 

@@ -169,9 +169,9 @@ class RaggedKV:
 
     def add_empty(self, count: int) -> None:
         """Append ``count`` requests with nothing cached yet."""
-        shape = (count, *self.keys.shape[1:])
-        self.keys = torch.cat([self.keys, torch.zeros(shape, dtype=self.keys.dtype, device=self.keys.device)], 0)
-        self.values = torch.cat([self.values, torch.zeros(shape, dtype=self.values.dtype, device=self.values.device)], 0)
+        zeros = torch.zeros(count, *self.keys.shape[1:], dtype=self.keys.dtype, device=self.keys.device)
+        self.keys = torch.cat([self.keys, zeros], 0)
+        self.values = torch.cat([self.values, zeros], 0)
         self.lengths += [0] * count
 
     def remove(self, rows: Sequence[int]) -> None:

@@ -33,8 +33,6 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
-import torch
-
 from specbench.divergence import TopLogits, top_rows
 from specbench.engine import interrupt
 from specbench.engine.batch_target import BatchTarget
@@ -92,6 +90,7 @@ class _Active:
     attempts: list[int] = field(default_factory=list)
     accepts: list[int] = field(default_factory=list)
     chain_calls: int = 0
+    hit_eos: bool = False
     rows_seen: int = 0  # sum over its steps of the requests active in them
     tops: list | None = None
     ns: Counter = field(default_factory=Counter)
@@ -100,8 +99,7 @@ class _Active:
 
     @property
     def done(self) -> bool:
-        hit = bool(self.eos) and any(t in self.eos for t in self.new_tokens)
-        return hit or len(self.new_tokens) >= self.request.config.max_new_tokens
+        return self.hit_eos or len(self.new_tokens) >= self.request.config.max_new_tokens
 
 
 def _snapshot(timer: PhaseTimer) -> tuple[Counter, Counter, Counter]:
@@ -136,54 +134,60 @@ def generate_batch(target: Target, drafter: Drafter, queue: deque[BatchRequest],
     active: list[_Active] = []
     clock = 0  # ns on the batch clock
     group = next(groups) if batch.continuous else -1
-    while queue or active:
-        if queue and (not active or batch.continuous) and len(active) < batch.size:
-            if not active and not batch.continuous:
-                group = next(groups)
-            clock += _join(verifier, drafter, queue, batch.size - len(active), active, timer, taps, clock, group)
-            if any(a.done for a in active):  # the prefill's token ended it (EOS, or a budget of 1): no step
-                before = _snapshot(timer)
-                active, finished = _leave(verifier, drafter, active, timer)
-                clock += _charge(timer, before, [a for a, _ in finished])
-                for a, extra in finished:
-                    yield a.request, _record(a, extra, clock, batch, drafter, method)
-                continue
-        interrupt.check()  # Ctrl-C / SIGTERM: stop after the step in flight; unfinished turns are not recorded
-        before = _snapshot(timer)
-        stepped = active
-        states = [a.state for a in active]
-        with timer.phase("draft"):
-            trees = drafter.propose_batch(states)
-        with timer.phase("compile"):
-            packed = verifier.compile_batch([s.bonus for s in states], trees)
-        with timer.phase("verify"):
-            outs = verifier.verify(packed, taps, timer)
-            walks = [walk(tree, out.logits, a.state.params, a.state.generator, a.request.config.tree_rule)
-                     for a, tree, out in zip(active, trees, outs)]
-        kept = [[0] + [node + 1 for node in w.accepted] for w in walks]
-        with timer.phase("commit"):
-            verifier.commit(packed, kept)
-            results = []
-            for a, tree, w, out, rows in zip(active, trees, walks, outs, kept):
-                committed = [tree.token_list[n] for n in w.accepted] + [w.bonus]
-                a.state.tokens.extend(committed)
-                a.new_tokens.extend(committed)
-                _count_depths(tree, w.accepted, a.attempts, a.accepts)
-                a.accept_lengths.append(len(w.accepted))
-                a.tree_sizes.append(len(tree))
-                a.chain_calls += tree.is_chain
-                a.rows_seen += len(active)
-                kept_taps = {i: t[rows] for i, t in out.taps.items()} if out.taps else {}
-                results.append(VerifyResult(tree, w.accepted, committed, w.bonus, out.logits, kept_taps, w.stop_row))
-        for a, out, rows in zip(active, outs, kept):
-            if a.tops is not None:  # T = 0: the rows that chose each token, for divergence.py (untimed, as batch 1)
-                a.tops.append(top_rows(out.logits[rows]))
-        with timer.phase("draft"):
-            drafter.observe_batch(states, results)
-        active, finished = _leave(verifier, drafter, active, timer)
-        clock += _charge(timer, before, stepped)
-        for a, extra in finished:
-            yield a.request, _record(a, extra, clock, batch, drafter, method)
+    try:
+        while queue or active:
+            if queue and (not active or batch.continuous) and len(active) < batch.size:
+                if not active and not batch.continuous:
+                    group = next(groups)
+                clock += _join(verifier, drafter, queue, batch.size - len(active), active, timer, taps, clock, group)
+                if any(a.done for a in active):  # the prefill's token ended it (EOS, or a budget of 1): no step
+                    before = _snapshot(timer)
+                    active, finished = _leave(verifier, drafter, active, timer)
+                    clock += _charge(timer, before, [a for a, _ in finished])
+                    for a, extra in finished:
+                        yield a.request, _record(a, extra, clock, batch, drafter, method)
+                    continue
+            interrupt.check()  # Ctrl-C / SIGTERM: stop after the step in flight; unfinished turns are not recorded
+            before = _snapshot(timer)
+            stepped = active
+            states = [a.state for a in active]
+            with timer.phase("draft"):
+                trees = drafter.propose_batch(states)
+            with timer.phase("compile"):
+                packed = verifier.compile_batch([s.bonus for s in states], trees)
+            with timer.phase("verify"):
+                outs = verifier.verify(packed, taps, timer)
+                walks = [walk(tree, out.logits, a.state.params, a.state.generator, a.request.config.tree_rule)
+                         for a, tree, out in zip(active, trees, outs)]
+            kept = [[0] + [node + 1 for node in w.accepted] for w in walks]
+            with timer.phase("commit"):
+                verifier.commit(packed, kept)
+                results = []
+                for a, tree, w, out, rows in zip(active, trees, walks, outs, kept):
+                    committed = [tree.token_list[n] for n in w.accepted] + [w.bonus]
+                    a.state.tokens.extend(committed)
+                    a.new_tokens.extend(committed)
+                    a.hit_eos = any(t in a.eos for t in committed)
+                    _count_depths(tree, w.accepted, a.attempts, a.accepts)
+                    a.accept_lengths.append(len(w.accepted))
+                    a.tree_sizes.append(len(tree))
+                    a.chain_calls += tree.is_chain
+                    a.rows_seen += len(active)
+                    kept_taps = {i: t[rows] for i, t in out.taps.items()} if out.taps else {}
+                    results.append(VerifyResult(tree, w.accepted, committed, w.bonus, out.logits, kept_taps,
+                                                w.stop_row))
+            for a, out, rows in zip(active, outs, kept):
+                if a.tops is not None:  # T = 0: the rows that chose each token, for divergence.py (untimed, as batch 1)
+                    a.tops.append(top_rows(out.logits[rows]))
+            with timer.phase("draft"):
+                drafter.observe_batch(states, results)
+            active, finished = _leave(verifier, drafter, active, timer)
+            clock += _charge(timer, before, stepped)
+            for a, extra in finished:
+                yield a.request, _record(a, extra, clock, batch, drafter, method)
+    finally:  # stopped early (an error, Ctrl-C, a caller that stops reading): the drafter forgets these rows
+        if active:
+            drafter.end_batch(range(len(active)), [a.state for a in active])
 
 
 def _leave(verifier: BatchTarget, drafter: Drafter, active: list[_Active],
@@ -197,7 +201,8 @@ def _leave(verifier: BatchTarget, drafter: Drafter, active: list[_Active],
         verifier.leave(leaving)
     stats = drafter.end_batch(leaving, [active[b].state for b in leaving])  # untimed, as batch 1's end
     gone = set(leaving)
-    return [a for b, a in enumerate(active) if b not in gone], [(active[b], extra or {}) for b, extra in zip(leaving, stats)]
+    finished = [(active[b], extra or {}) for b, extra in zip(leaving, stats)]
+    return [a for b, a in enumerate(active) if b not in gone], finished
 
 
 def _join(verifier: BatchTarget, drafter: Drafter, queue: deque[BatchRequest], room: int, active: list[_Active],
@@ -220,8 +225,9 @@ def _join(verifier: BatchTarget, drafter: Drafter, queue: deque[BatchRequest], r
             bonus = sample_token(out.logits[-1], config.sampling, gen)
         state = DecodeState(tokens=prompt + [bonus], prompt_len=len(prompt), params=config.sampling, generator=gen,
                             timer=NULL_TIMER)  # begin's forwards are not counted, as in batch 1
-        one = _Active(request, state, verifier.target.eos_token_ids if config.stop_on_eos else set(),
-                      start=(clock + advance) / 1e9, group=group, new_tokens=[bonus],
+        eos = verifier.target.eos_token_ids if config.stop_on_eos else set()
+        one = _Active(request, state, eos, start=(clock + advance) / 1e9, group=group, new_tokens=[bonus],
+                      hit_eos=bonus in eos,
                       tops=[top_rows(out.logits[-1:])] if config.sampling.greedy else None)
         advance += _charge(timer, before, [one])
         joining.append(one)
@@ -303,20 +309,3 @@ def generate_conversations(target: Target, drafter: Drafter, conversations: Sequ
         answer(c, record)
         advance(c, turn + 1)
 
-
-def batch_shares(records: Sequence[GenerationRecord]) -> dict[str, float]:
-    """Throughput and latency of batched records (those with ``batch``): total tokens over the summed
-    makespans of their groups, and per-request latency (end - start) mean, p50 and p90."""
-    batched = [r for r in records if r.batch]
-    if not batched:
-        return {}
-    spans: dict[Any, tuple[float, float]] = {}
-    for r in batched:
-        key = (r.method, r.batch["group"])
-        lo, hi = spans.get(key, (r.batch["start"], r.batch["end"]))
-        spans[key] = (min(lo, r.batch["start"]), max(hi, r.batch["end"]))
-    latency = torch.tensor([r.batch["end"] - r.batch["start"] for r in batched], dtype=torch.float64)
-    makespan = sum(hi - lo for lo, hi in spans.values())
-    return {"tokens_per_second": sum(r.num_new for r in batched) / makespan if makespan > 0 else 0.0,
-            "latency_mean": float(latency.mean()), "latency_p50": float(latency.quantile(0.5)),
-            "latency_p90": float(latency.quantile(0.9))}

@@ -129,7 +129,8 @@ class BatchTarget:
         packed.trees = list(trees)
         return packed
 
-    def verify(self, packed: PackedRows, taps: Sequence[int] = (), timer: PhaseTimer = NULL_TIMER) -> list[TargetOutput]:
+    def verify(self, packed: PackedRows, taps: Sequence[int] = (),
+               timer: PhaseTimer = NULL_TIMER) -> list[TargetOutput]:
         """ONE forward over every request's rows; per request, the logits and taps of its real rows."""
         out = forward_rows(self.target.model, self.cache, packed, taps, timer)
         return [TargetOutput(out.logits[b, :n], {i: out.hidden_states[i][b, :n] for i in taps})
