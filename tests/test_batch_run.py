@@ -42,6 +42,21 @@ def test_batched_run_records_batches_and_stays_lossless(models, tmp_path, capsys
         assert pair["sps"]["divergence"]["status"] == "identical"
 
 
+def test_batched_run_resumes_without_redoing_finished_turns(models, tmp_path, capsys):
+    out = tmp_path / "resume.jsonl"
+    args = base_args(models, out, "--batch-size", "2")
+    assert cli(args, capsys)[0] == 0  # two prompts
+    first = {(r["method"], r["prompt_id"]): r for r in read(out)[1:]}
+    args[args.index("--limit") + 1] = "3"
+    assert cli(args + ["--resume"], capsys)[0] == 0
+    records = read(out)[1:]
+    assert len(records) == 6 and len({(r["method"], r["prompt_id"]) for r in records}) == 6
+    for r in records:  # the first two prompts' records are the stored ones, untouched
+        if (r["method"], r["prompt_id"]) in first:
+            assert r == first[(r["method"], r["prompt_id"])]
+    assert len({r["prompt_id"] for r in records}) == 3
+
+
 def test_batch_one_records_have_no_batch_field(models, tmp_path, capsys):
     out = tmp_path / "one.jsonl"
     assert cli(base_args(models, out, "--limit", "1"), capsys)[0] == 0
