@@ -82,7 +82,7 @@ def test_batched_conversations_answer_their_second_turn(models, tmp_path, capsys
     (["--batch-size", "1000"], "--batch-size must be between 1 and 256"),
     (["--continuous"], "--continuous refills the slots of a batch; pass --batch-size B with B > 1"),
     (["--batch-size", "2", "--repeats", "2"], "--repeats times each turn alone"),
-    (["--batch-size", "2", "--opt", "schedule=heuristic"], "sps learn while serving"),
+    (["--batch-size", "2", "--opt", "schedule=heuristic"], "sps learns while serving"),
 ], ids=["zero", "huge", "continuous-alone", "repeats", "learner"])
 def test_bad_batch_flags_are_one_line_errors(models, tmp_path, capsys, extra, message):
     out = tmp_path / "bad.jsonl"
@@ -95,7 +95,7 @@ def test_dvi_refuses_a_batch_before_loading_anything(tmp_path, capsys):
     out = tmp_path / "dvi.jsonl"
     code, _, stderr = cli(["run", "--method", "dvi", "--bench", "humaneval", "--batch-size", "4", "--out", str(out)],
                           capsys)  # the default target: refused before it loads
-    assert code == 2 and "dvi learn while serving" in stderr and "--batch-size 1" in stderr
+    assert code == 2 and "dvi learns while serving" in stderr and "--batch-size 1" in stderr
     assert not out.exists()
 
 

@@ -227,8 +227,9 @@ class Runner:
         # an instance may learn where its class does not (an option, e.g. SpS's heuristic schedule)
         learners = learners or [spec.label for spec, cls, opts in parsed if cls(opts).learns]
         if cfg.batch_size > 1 and learners:
-            raise SpecbenchError(f"{', '.join(learners)} learn while serving: each update follows one request after "
-                                 "another in the stream, which a batch interleaves; run them with --batch-size 1")
+            verb = "learns" if len(learners) == 1 else "learn"
+            raise SpecbenchError(f"{', '.join(learners)} {verb} while serving: each update follows one request after "
+                                 f"another in the stream, which a batch interleaves; run with --batch-size 1")
         prompts = load_stream_prompts(cfg.bench, cfg.data_dir, limit=cfg.limit, sample=cfg.sample, seed=cfg.seed,
                                       category=cfg.category)
         self.world = distributed.init(cfg.device)
