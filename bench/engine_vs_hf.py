@@ -18,6 +18,7 @@ import warnings
 import torch
 
 from methods.sps import SpSDrafter, SpSOptions
+from specbench.engine import DEFAULT_TARGET
 from specbench.engine.vanilla import VanillaDrafter
 from specbench import metrics
 from specbench.run.benchmarks import load_benchmark
@@ -46,7 +47,7 @@ def main() -> None:
     ap.add_argument("--sps-draft", default="truncated:4")
     args = ap.parse_args()
 
-    target = Target.load("smollm2-135m", args.dtype)
+    target = Target.load(DEFAULT_TARGET, args.dtype)
     prompts = [render_chat(target.tokenizer, [{"role": "user", "content": p.turns[0]}])
                for p in load_benchmark("mt_bench", limit=args.prompts)]
     vanilla = VanillaDrafter()

@@ -21,6 +21,7 @@ import torch
 
 from methods.pacer import acceptance_logits, collate, keep_drafting, load_preverifier
 from methods.pacer_train import PacerTrainOptions, replay_dataset
+from specbench.engine import DEFAULT_TARGET
 from specbench.training.fit import held_out_split, training_data
 
 
@@ -49,7 +50,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pacer", default="drafters/smollm2-135m/pacer")
     parser.add_argument("--draft", default="", help="the SpS draft it was trained over (empty = the shipped one)")
-    parser.add_argument("--target", default="smollm2-135m")
+    parser.add_argument("--target", default=DEFAULT_TARGET)
     # The data of the shipped layer's recipe (bench/train_drafters.py): another choice replays afresh.
     parser.add_argument("--limit", type=int, default=600)
     parser.add_argument("--max-new-tokens", type=int, default=256)

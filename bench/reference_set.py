@@ -26,13 +26,14 @@ import sys
 import time
 from pathlib import Path
 
+from specbench.engine import DEFAULT_TARGET
 from specbench.engine.devices import emulated_bf16
 from specbench.engine.packaged import is_assembled
 from specbench.run.machine_load import drop_flagged, load_average
-from specbench.run.runner import parse_also
+from specbench.sides import parse_spec
 
 BENCHES = ("mt_bench", "humaneval", "math500", "natural_questions", "wmt23", "alpaca")
-TARGET = "smollm2-135m"
+TARGET = DEFAULT_TARGET
 BUDGET = 16
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -158,7 +159,7 @@ def learns(spec: str) -> bool:
     """Whether the side's method learns or remembers while serving (``Drafter.learns``)."""
     from specbench.engine.registry import method_class
 
-    return method_class(parse_also(spec).method).learns
+    return method_class(parse_spec(spec).method).learns
 
 
 def plan(limit: int, repeats: int, stream_limit: int, passes: int) -> list[tuple[str, list[str]]]:
@@ -177,7 +178,7 @@ def plan(limit: int, repeats: int, stream_limit: int, passes: int) -> list[tuple
                      "--passes", str(passes), "--temperature", "0", "--out", out, *settings(dtype=dtype)]
 
     def sides(main: str, also: list[str], aa: bool = True) -> list[str]:
-        side = parse_also(main)
+        side = parse_spec(main)
         opts = [arg for key, value in side.options.items() for arg in ("--opt", f"{key}={value}")]
         label = ["--label", side.label] if side.label != main else []
         return ["--method", side.method, *opts, *label] + [arg for spec in [*also, *[AA_SIDE] * aa]
@@ -192,7 +193,7 @@ def plan(limit: int, repeats: int, stream_limit: int, passes: int) -> list[tuple
             runs.append((out, ["run", *sides(method, kept), "--bench", bench, "--limit", str(limit),
                                "--repeats", str(repeats), "--temperature", "0", "--out", out, *common]))
             for spec in (s for s in also if s not in kept):
-                out = f"results/{group}-{parse_also(spec).label}_{bench}_{TARGET}_T0.jsonl"
+                out = f"results/{group}-{parse_spec(spec).label}_{bench}_{TARGET}_T0.jsonl"
                 runs.append((out, ["run", *sides(spec, []), "--bench", bench, "--limit", str(limit),
                                    "--temperature", "0", "--out", out, *common]))
     for bench in BENCHES:

@@ -19,6 +19,7 @@ import warnings
 
 import torch
 
+from specbench.engine import DEFAULT_TARGET
 from specbench.engine.vanilla import VanillaDrafter
 from specbench.run.benchmarks import load_benchmark
 from specbench.engine.devices import choose_dtype, resolve_device
@@ -42,7 +43,7 @@ def tokens_per_second(target: Target, drafter, ids: list[int], config: Generatio
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--target", default="smollm2-135m")
+    ap.add_argument("--target", default=DEFAULT_TARGET)
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--attn", default="sdpa")
     ap.add_argument("--prompts", type=int, default=5)

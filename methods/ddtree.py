@@ -1,4 +1,4 @@
-"""DDTree: a draft tree from ONE DFlash forward (arXiv DDTree, Algorithm 1; METHODS.md §7.2).
+"""DDTree: a draft tree from ONE DFlash forward (the DDTree paper, Algorithm 1; docs/methods.md#ddtree).
 
 The drafter's per-position marginals q_1..q_{L-1} define the factorised surrogate Q(y) = Π q_i(y_i);
 the B prefixes with the largest Π q are the tree that maximises the surrogate's expected
@@ -11,7 +11,7 @@ acceptance length (Props. 1-3). They are found best-first over rank tuples with 
 
 Budget B counts drafted nodes (the root, the bonus token, is not one). The paper sweeps
 B in {16, ..., 1024} and peaks at 256-512 on an H200; on this CPU a verify of 16 nodes costs
-~1.2x one token and 64 nodes ~2.3x (docs FACTS), so our default is 32.
+~1.2x one token and 64 nodes ~2.3x (reports/cost_table.md), so our default is 32.
 """
 
 from __future__ import annotations

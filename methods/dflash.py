@@ -1,5 +1,5 @@
 """DFlash: a block drafter that predicts the L-1 tokens after the bonus in ONE non-causal forward,
-conditioned on target features; ``dflash`` verifies the argmax chain of that block (METHODS.md §7.1).
+conditioned on target features; ``dflash`` verifies the argmax chain of that block (docs/methods.md#dflash).
 
 Architecture (Qwen3-style layers, our own code):
 
@@ -13,7 +13,7 @@ Architecture (Qwen3-style layers, our own code):
 Context keys/values depend on c only, so the drafter caches them for committed positions (taps of
 the rows the engine keeps) and never caches block rows: nothing needs cropping.
 
-Training (METHODS.md §7.3, the SpecForge recipe): random anchors a among assistant tokens
+Training (docs/methods.md#dflash-training, the SpecForge recipe): random anchors a among assistant tokens
 (a <= len - L), block [x_a, MASK...] at a..a+L-1, a block sees context features at positions < a
 and its own block only; slot k predicts x_{a+k}, CE weighted exp(-(k-1)/gamma) / sum of weights.
 
@@ -315,7 +315,7 @@ class DFlashModel(nn.Module):
     # ---- training -----------------------------------------------------------------------
     def training_loss(self, batch: TrainBatch, anchors: int = 64,
                       gamma: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
-        """Position-decayed block CE (METHODS.md §7.3) over random anchors; in eval mode a fixed
+        """Position-decayed block CE (docs/methods.md#dflash-training) over random anchors; in eval mode a fixed
         generator and up to MAX_ANCHORS anchors make held-out numbers comparable across evals.
         Labels outside a reduced draft vocabulary are left out of the loss and count as misses.
 

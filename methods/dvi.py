@@ -4,9 +4,9 @@ The target is split at layer ``layer`` (l). The drafter runs the target's own fr
 [0, l) on each token through the target's layer hook (``Target.run_layers``: their keys/values
 go straight into the target's cache, exactly what the full model would write) and reads a LoRA head
 off the layer-l state:  z_D = s * (W_0 + (alpha/r) B A) N_D(h_l),  W_0 = the frozen lm_head, N_D = the frozen
-final RMSNorm, rank-r LoRA (A, B) and a scalar s the only trainable parameters (METHODS.md §9,
-"default = paper"). A chain of ``k`` drafts plus the last draft's shallow pass is verified by
-running only layers [l, L) on the stored states: the target keeps the rows ``run_layers`` ran
+final RMSNorm, rank-r LoRA (A, B) and a scalar s the only trainable parameters (docs/methods.md#dvi;
+the paper trains the LoRA factors only). A chain of ``k`` drafts plus the last draft's shallow pass is
+verified by running only layers [l, L) on the stored states: the target keeps the rows ``run_layers`` ran
 and its ``verify`` of exactly that chain finishes them with the remaining layers. The
 verifier is the frozen full model and decoding is lossless: greedy drafts at T = 0, drafts sampled from softmax(z_D / T) with that q at T > 0.
 

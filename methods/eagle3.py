@@ -8,7 +8,7 @@ drafter's own output hidden state back in. Each propose call:
 2. runs ``depth`` batched forwards over a frontier of ``top_k`` nodes (tree attention over the
    stable cache and each node's ancestors), keeping every one of the top_k x top_k candidates and
    the global top_k by cumulative log-probability as the next frontier;
-3. keeps the best ``total_tokens - 1`` candidates by score, ancestor-closed (METHODS.md §5).
+3. keeps the best ``total_tokens - 1`` candidates by score, ancestor-closed (docs/methods.md#eagle-3).
 
 In a batch (``--batch-size``) the same three steps run for every request at once: one drafter forward
 encodes every request's new committed positions (a ragged stable cache, one row per request), then
@@ -226,7 +226,7 @@ class Eagle3Model(nn.Module):
             yield hidden
 
     def training_loss(self, batch: TrainBatch, steps: int = 7, decay: float = 0.8) -> tuple[torch.Tensor, dict]:
-        """Training-time test (METHODS.md §5): sum_s decay^s * soft CE of step s.
+        """Training-time test (docs/methods.md#eagle-3-training): sum_s decay^s * soft CE of step s.
 
         Index j at step s predicts x_{j+2+s} against p* = softmax of the target logits at j+1+s
         restricted to the draft vocabulary. A position counts iff that predicted token is a real

@@ -1,5 +1,5 @@
 """Medusa: K extra heads on the target's final hidden state draft tokens 2..K+1 ahead in parallel;
-their top-k candidates fill a fixed sparse tree (``medusa_choices``). METHODS.md §4.
+their top-k candidates fill a fixed sparse tree (``medusa_choices``). docs/methods.md#medusa.
 
 Head k (0-based) = ``num_layers`` ResBlocks (x + SiLU(W x + b), W zero-initialised) followed by an
 output layer H -> V. On the final-norm output h_j (hidden_states index -1, what lm_head reads) head k
@@ -154,7 +154,7 @@ class MedusaHeads(nn.Module):
 
     # ---- training -----------------------------------------------------------------------------
     def training_loss(self, batch: TrainBatch, decay: float = 0.8) -> tuple[torch.Tensor, dict[str, float]]:
-        """Σ_k decay^k · CE(head k on h_j, x_{j+2+k}) over response tokens (METHODS §4 Training).
+        """Σ_k decay^k · CE(head k on h_j, x_{j+2+k}) over response tokens (docs/methods.md#medusa).
 
         Metrics: ``loss``, ``loss_k`` and top-1 ``acc_k`` for k = 1..K (head k-1 drafts depth k)."""
         self.ensure_lm_head(batch.lm_head)

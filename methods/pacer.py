@@ -5,7 +5,7 @@ transformer M_B of M_D's width — with its own KV cache over the whole context 
 token, M_D's last hidden state that produced it, plus a learned draft-position embedding e_i for
 draft tokens (i = 1, 2, … within the step; committed tokens get none), and predicts each draft's
 acceptance α̂ = σ(w·h). Drafting stops when the block's mean α̂ ≤ t; t starts at t_0 every step and
-is multiplied by ρ after each block that passes (paper Alg. 1, METHODS.md §8). The failing block is
+is multiplied by ρ after each block that passes (paper Alg. 1; docs/methods.md#pacer). The failing block is
 still verified, so γ = blocks · b (≤ max_gamma). Verification is SpS's chain rule: lossless, because
 the stop decision reads only draft-side quantities.
 

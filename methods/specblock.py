@@ -1,11 +1,11 @@
-"""SpecBlock: block-iterative drafting with a rank head (paper Alg. 2, METHODS.md §6.2).
+"""SpecBlock: block-iterative drafting with a rank head (paper Alg. 2; docs/methods.md#specblock-inference).
 
 Each propose call makes M drafter forwards:
 
 1. **Block 1** (one forward that also encodes the newly committed positions): the last committed
    pair (taps n-1, bonus) yields K dependent slots. The greedy chain g_0..g_{K-1} goes under the
    root; slot k attaches the top b(bucket_k) tokens (including the greedy one) as children of
-   g_{k-1}. Slot 0 attaches ``beam_width`` tokens, as METHODS.md and the reference code do; the
+   g_{k-1}. Slot 0 attaches ``beam_width`` tokens, as the authors' released code does; the
    paper's Alg. 2 gives it b(bucket_0) like every other slot, which ``slot0="rank"`` selects. The
    reference set was measured with the default. A give-up bucket (b = 0) stops alternatives there
    and at every later slot.
@@ -57,8 +57,8 @@ class SpecBlockOptions:
     budget: int = option(60, "Draft nodes verified per call (paper <= 60; reference 90).", ge=1, tokens=True)
     blocks: int = option(2, "M: drafter forwards per call.", ge=1)
     beam_width: int = option(10, "Block-1 slot-0 width (slot0=beam), and the most starts per later block.", ge=1)
-    slot0: Literal["beam", "rank"] = option("beam", "Block-1 slot 0: beam = beam_width tokens (METHODS.md, the "
-                                                    "reference); rank = b(bucket) (paper Alg. 2).")
+    slot0: Literal["beam", "rank"] = option("beam", "Block-1 slot 0: beam = beam_width tokens (the authors' "
+                                                    "code); rank = b(bucket) (paper Alg. 2).")
     branching: list[int] = option([2, 4, 10, 0], f"b(bucket), one width per rank bucket ({NUM_BUCKETS}), greedy "
                                                  "included; the paper's maps are 2,4,10,0 and 2,4,6,4.", ge=0)
     trim: float = option(0.0, "> 0: a slot whose greedy probability >= trim attaches only the greedy token "

@@ -1,5 +1,5 @@
 """Serving-time adaptation of the SpecBlock drafter: ``specblock-adapt`` (the cost-aware bandit of
-paper §3.4 / App. A.3) and ``specblock-osd`` (always-update baseline, METHODS.md §6.4).
+paper §3.4 / App. A.3) and ``specblock-osd`` (always-update baseline; docs/methods.md#specblock-serving-time-adaptation).
 
 Signal. At each verify call, the first block-1 slot d whose greedy token the target did not
 commit is a rejection point; with r = the drafter's probability of the committed token there,

@@ -1,4 +1,4 @@
-"""The SpecBlock drafter network (paper §3.1-3.2, METHODS.md §6.1).
+"""The SpecBlock drafter network (paper §3.1-3.2; docs/methods.md#specblock-drafter).
 
 One forward turns G start points into G blocks of K dependent slots:
 

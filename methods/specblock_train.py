@@ -1,4 +1,4 @@
-"""SpecBlock's training objective (paper §3.3, METHODS.md §6.3).
+"""SpecBlock's training objective (paper §3.3; docs/methods.md#specblock-training).
 
 Every index j is a block-1 start (taps j, token x_{j+1}); slot k predicts x_{j+2+k} against the
 target distribution p*_{j+1+k} over the draft vocabulary. Per slot:

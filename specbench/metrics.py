@@ -1,4 +1,4 @@
-"""Metrics: pure functions over GenerationRecords (DESIGN.md "Metric definitions").
+"""Metrics: pure functions over GenerationRecords (docs/methods.md#metrics).
 
 Records are matched across methods by ``(bench, prompt_id, turn)``.
 """

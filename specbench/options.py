@@ -16,17 +16,28 @@ it. A declaration may add ``check(self, owner)`` for rules that span fields (one
 length, a tree budget): before the target is known it must be below ``LONGEST_CONTEXT``; once the
 target's config is read it must fit the target's context beside ``--max-new-tokens``
 (``check_context``), still before any drafter loads weights.
+
+Commands are declared the same way (`specbench run`, `parity`, `reproduce`, `train ...`): a field may
+also say how the command line spells it (``flag``, ``positional``, ``cli_default``, ``cli_type``,
+``convert``), a rule on one value that no type can say (``check``: a dtype or a folder looked up), names
+known only at run time (``choices``: registered methods), the options it cannot be set with
+(``excludes``) and those it means nothing without (``requires``). ``specbench.commands`` builds the
+Typer command from the declaration, and ``validate`` enforces all of it, one line per error. Every text
+value is refused when it holds bytes that are not UTF-8 (a path or label from a shell with another
+locale), before anything loads or is written.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
+import importlib
 import os
 import types
 import typing
 from dataclasses import dataclass
-from typing import Annotated, Any, Callable, Literal, Union
+from typing import Annotated, Any, Callable, Iterable, Literal, Union
 
 import pydantic
 
@@ -41,21 +52,82 @@ INT64_MAX = 2**63 - 1
 _MISSING = dataclasses.MISSING
 
 
+class _Same:
+    """The command line uses the declaration's own default / type."""
+
+    def __repr__(self) -> str:
+        return "SAME"
+
+
+SAME: Any = _Same()
+
+
 def option(default: Any = _MISSING, help: str | None = None, *, ge: float | None = None,
            gt: float | None = None, le: float | None = None, lt: float | None = None, tokens: bool = False,
-           note: str | None = None, min: float | None = None, positive: bool = False, fraction: bool = False) -> Any:
+           note: str | None = None, min: float | None = None, positive: bool = False, fraction: bool = False,
+           flag: str | tuple[str, ...] = (), positional: bool = False, cli_default: Any = SAME, cli_type: Any = SAME,
+           convert: Callable[[Any], Any] | None = None, check: Callable[[Any], Any] | str | None = None,
+           choices: Callable[[], Iterable[str]] | None = None, excludes: str | tuple[str, ...] = (),
+           requires: str | tuple[str, ...] = ()) -> Any:
     """A dataclass field with its help text and range (``ge``/``gt``/``le``/``lt``; ``tokens``: see the
     module docstring; ``note`` is added to a range error, e.g. what a value means). ``min=N``,
     ``positive=True`` and ``fraction=True`` are the older spellings of ``ge=N``, ``gt=0`` and
-    ``ge=0, lt=1`` that published trainer plugins use."""
+    ``ge=0, lt=1`` that published trainer plugins use.
+
+    For a command's fields: ``flag`` its spelling(s) (default ``--field-name``), ``positional`` an
+    argument rather than a flag, ``cli_default``/``cli_type`` where the command line differs from the
+    field (``auto`` for a fixed library value, a Path, key=value strings), ``convert`` the flag's value
+    -> the field's; ``check(value)`` (a function or a lazy ``"module:function"``) raises a one-line
+    ``SpecbenchError`` for a value no type rules out;
+    ``choices()`` the names a value (each item of a list, each key of a mapping) must be one of;
+    ``excludes`` the fields that cannot be set together with this one, ``requires`` the fields that must
+    be set (away from their defaults) for this one to be set."""
     ge = min if ge is None else ge
     gt = 0 if positive and gt is None else gt
     if fraction:
         ge, lt = 0 if ge is None else ge, 1 if lt is None else lt
-    metadata = {"help": help, "ge": ge, "gt": gt, "le": le, "lt": lt, "tokens": tokens or None, "note": note}
+    metadata = {"help": help, "ge": ge, "gt": gt, "le": le, "lt": lt, "tokens": tokens or None, "note": note,
+                "flags": (flag,) if isinstance(flag, str) else tuple(flag) or None, "positional": positional or None,
+                "cli_default": None if cli_default is SAME else _Given(cli_default),
+                "cli_type": None if cli_type is SAME else _Given(cli_type), "convert": convert, "check": check,
+                "choices": choices, "excludes": (excludes,) if isinstance(excludes, str) else tuple(excludes) or None,
+                "requires": (requires,) if isinstance(requires, str) else tuple(requires) or None}
     if isinstance(default, (list, dict, set)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
+
+
+def internal(default: Any = _MISSING) -> Any:
+    """A field that code sets, never a flag or a user's value (a run's sides, a preset's name): no command
+    line spells it and ``validate`` leaves it to its own checks."""
+    metadata = {"internal": True}
+    if default is _MISSING:
+        return dataclasses.field(metadata=metadata)
+    if isinstance(default, (list, dict)):
+        return dataclasses.field(default_factory=lambda: type(default)(default), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def like(options_cls: type, name: str, **changes: Any) -> Any:
+    """A field declared as ``options_cls``'s field ``name`` (default, help, range, spelling), with ``changes``
+    (e.g. another help): for a command that shares another's option without restating it."""
+    own = next(f for f in dataclasses.fields(options_cls) if f.name == name)
+    meta = dict(own.metadata)
+    default = own.default if own.default is not _MISSING else (
+        own.default_factory() if own.default_factory is not _MISSING else _MISSING)
+    if "default" in changes:
+        default = changes.pop("default")
+    meta.update(changes)
+    if isinstance(default, (list, dict, set)):
+        return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class _Given:
+    """A command-line default or type that was given (None is a valid default, so it needs a box)."""
+
+    value: Any
 
 
 @dataclass(frozen=True, eq=False)  # hashed by identity: declared() makes each once
@@ -72,6 +144,21 @@ class Declared:
     lt: float | None = None
     tokens: bool = False
     note: str = ""
+    flags: tuple[str, ...] = ()  # the command line's spelling; empty: --name-with-dashes
+    positional: bool = False
+    cli_default: Any = SAME
+    cli_type: Any = SAME
+    convert: Callable[[Any], Any] | None = None
+    check: Callable[[Any], Any] | str | None = None  # a function or "module:function"
+    choices: Callable[[], Iterable[str]] | None = None
+    excludes: tuple[str, ...] = ()
+    internal: bool = False
+    requires: tuple[str, ...] = ()
+
+    @property
+    def flag(self) -> str:
+        """How errors and help name the option on the command line: its first spelling."""
+        return self.flags[0] if self.flags else "--" + self.name.replace("_", "-")
 
     @property
     def element(self) -> Any:
@@ -157,8 +244,13 @@ def declared(options_cls: type) -> tuple[Declared, ...]:
                 meta.update({k: v for k, v in own.metadata.items() if v is not None})
         default = f.default if f.default is not _MISSING else (
             f.default_factory() if f.default_factory is not _MISSING else _MISSING)
+        given = {k: meta[k].value for k in ("cli_default", "cli_type") if k in meta}
         result.append(Declared(f.name, hints[f.name], default, meta.get("help") or "", meta.get("ge"), meta.get("gt"),
-                               meta.get("le"), meta.get("lt"), bool(meta.get("tokens")), meta.get("note") or ""))
+                               meta.get("le"), meta.get("lt"), bool(meta.get("tokens")), meta.get("note") or "",
+                               meta.get("flags") or (), bool(meta.get("positional")), given.get("cli_default", SAME),
+                               given.get("cli_type", SAME), meta.get("convert"), meta.get("check"),
+                               meta.get("choices"), meta.get("excludes") or (), bool(meta.get("internal")),
+                               meta.get("requires") or ()))
     return tuple(result)
 
 
@@ -210,12 +302,60 @@ def _why(error: dict, option: Declared) -> str:
 def check_one(option: Declared, value: Any, label: str) -> Any:
     """``value`` (already split into items for a list option) validated and converted; ``label`` names
     the option in the error, e.g. "sps: option gamma" or "--epochs"."""
+    check_text(value, label)
     try:
-        return _adapter(option).validate_python(value)
+        checked = _adapter(option).validate_python(value)
     except pydantic.ValidationError as exc:
         error = exc.errors()[0]
         shown = error.get("input", value) if option.is_list else value
         raise SpecbenchError(f"{label} {_why(error, option)} (got {shown!r})") from None
+    if checked is not None and option.choices is not None:
+        _check_names(option, checked, label)
+    if checked is not None and option.check is not None:
+        _checked_by(option.check, checked, label)
+    return checked
+
+
+def check_text(value: Any, label: str) -> None:
+    """Text (or the items of a list or mapping) that holds bytes a UTF-8 locale could not decode: a shell
+    passes them as lone surrogates, which no results file, header or message can write."""
+    items = value.items() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
+    for item in items:
+        for text in item if isinstance(item, tuple) else (item,):
+            text = os.fspath(text) if isinstance(text, os.PathLike) else text
+            if isinstance(text, str) and not text.isascii():
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError:
+                    shown = text.encode("utf-8", "backslashreplace").decode("ascii", "backslashreplace")
+                    raise SpecbenchError(f"{label} holds bytes that are not UTF-8 (got '{shown}'); pass UTF-8 text "
+                                         "or rename the file") from None
+
+
+def _check_names(option: Declared, value: Any, label: str) -> None:
+    """Each name (the value, each item of a list, each key of a mapping) among ``option.choices()``."""
+    names = value.keys() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
+    known = sorted(option.choices())
+    for name in names:
+        if name not in known:
+            close = difflib.get_close_matches(str(name), known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            what = f" ({option.note})" if option.note else ""
+            raise SpecbenchError(f"{label} names {name!r}, which is unknown{what}{hint} (known: {', '.join(known)})")
+
+
+def _checked_by(check: Callable[[Any], Any] | str, value: Any, label: str) -> None:
+    """A declared ``check`` (a function, or a ``"module:function"`` reference imported only now, so that a
+    declaration stays free of what the check needs, e.g. torch); its one-line error names the option unless
+    it already does."""
+    if isinstance(check, str):
+        module, _, name = check.partition(":")
+        check = getattr(importlib.import_module(module), name)
+    try:
+        check(value)
+    except SpecbenchError as exc:
+        text = str(exc)
+        raise SpecbenchError(text if label.lstrip("-").split(":")[0] in text else f"{label}: {text}") from None
 
 
 def _from_text(option: Declared, value: Any) -> Any:
@@ -259,6 +399,8 @@ def validate(options: Any, owner: str, label: Callable[[str], str] | None = None
     e.g. a float field given an int), then the declaration's own ``check``; returns the object."""
     label = label or functools.partial(_method_label, owner)
     for option in declared(type(options)):
+        if option.internal:
+            continue
         value = current = getattr(options, option.name)
         if option.element is str and isinstance(value, os.PathLike):  # a Path given in code
             value = os.fspath(value)
@@ -267,10 +409,40 @@ def validate(options: Any, owner: str, label: Callable[[str], str] | None = None
             checked = tuple(checked)
         if type(checked) is not type(current) or checked != current:
             object.__setattr__(options, option.name, checked)
+    check_conflicts(options, label)
     check = getattr(options, "check", None)
     if callable(check):
         check(owner)
     return options
+
+
+def _empty(value: Any) -> bool:
+    return value is None or value is False or (isinstance(value, (str, list, dict, tuple)) and not value)
+
+
+def is_set(option: Declared, value: Any) -> bool:
+    """Whether a value says something: not the declared default, not None, off or empty."""
+    return not _empty(value) and (option.default is _MISSING or value != option.default)
+
+
+def check_conflicts(options: Any, label: Callable[[str], str]) -> None:
+    """Options set together that a declaration's ``excludes`` keeps apart, or set without one its ``requires``:
+    one line naming both."""
+    known = declared_by_name(type(options))
+    for option in known.values():
+        for other in option.requires:
+            if is_set(option, getattr(options, option.name)) and not is_set(known[other], getattr(options, other)):
+                base = known[other].default  # a default that says something (e.g. 1) is named
+                away = "" if base is _MISSING or _empty(base) else \
+                    f" away from its default {known[other].default_text()}"
+                raise SpecbenchError(f"{label(option.name)} needs {label(other)} set{away} ({label(option.name)}: "
+                                     f"{option.help.rstrip('.')}); pass {label(other)} too or drop "
+                                     f"{label(option.name)}")
+        for other in option.excludes:
+            if is_set(option, getattr(options, option.name)) and is_set(known[other], getattr(options, other)):
+                raise SpecbenchError(f"{label(option.name)} and {label(other)} cannot be used together "
+                                     f"({label(option.name)}: {option.help.rstrip('.')}; {label(other)}: "
+                                     f"{known[other].help.rstrip('.')}); pass one of them")
 
 
 def check_values(values: dict[str, Any], declarations: dict[str, Declared], label: Callable[[str], str]) -> None:

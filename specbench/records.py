@@ -33,6 +33,7 @@ class GenerationRecord:
     load_avg: list[float] | None = None  # the machine's load average (1, 5, 15 min) when this turn finished
     divergence: dict | None = None  # T = 0 method turns: identical / near-tie / unexplained vs vanilla (divergence.py)
     chain_calls: int = -1  # verify calls whose draft was a chain (causal kernel; the rest were masked trees); -1: not recorded
+    forced: dict | None = None  # --check forced: this turn's verify rows against vanilla's, and the A/A side's (agreement.py)
     # --batch-size > 1 (engine/batch_loop.py): size, continuous, group, start/end on the batch clock (s),
     # active_mean (requests per step it shared), batched_drafting; None: decoded alone (batch 1)
     batch: dict | None = None

@@ -199,16 +199,58 @@ class SkipLine(BaseModel):
 
 
 _RECORD = TypeAdapter(GenerationRecord)
+RECORD_KEY = ("method", "bench", "prompt_id", "turn")  # what names a record (record_key); every reader pairs by it
 # Fields a record line may lack (older writers); everything else GenerationRecord requires.
 RECORD_DEFAULTS = {"new_tokens": [], "prompt_tokens": 0, "stop_reason": "", "times": {}, "n_verify": 0,
                    "accept_lengths": [], "tree_sizes": [], "depth_attempts": [], "depth_accepts": []}
 
 
+_FIGURE = Optional[Union[StrictFloat, StrictInt]]
+
+
+class ForcedSide(BaseModel):
+    """One side of a record's ``forced`` figures (specbench/agreement.py): None where no position was checked."""
+
+    model_config = ConfigDict(extra="allow")
+
+    positions: StrictInt = Field(ge=0)
+    tokens_differ: StrictInt = Field(ge=0)
+    max: _FIGURE
+    p50: _FIGURE
+    p90: _FIGURE
+    p99: _FIGURE
+    top1: _FIGURE
+    margin_max: _FIGURE
+    margin_order: _FIGURE
+    rows: dict[StrictStr, StrictInt]
+    deltas: list[Union[StrictFloat, StrictInt]]
+    within_bound: Optional[StrictBool] = None
+
+
+class ForcedFigures(ForcedSide):
+    """A record's ``forced`` field: the method's side, the A/A side beside it, and the fp32 bound."""
+
+    aa: ForcedSide
+    bound: Optional[Union[StrictFloat, StrictInt]] = None
+
+
+class _ForcedField(BaseModel):
+    forced: Optional[ForcedFigures] = None
+
+
 def parse_record(obj: dict, path: str | Path, line: int | None, fix: str = RESULTS_FIX,
                  lenient: bool = False) -> GenerationRecord:
     """A record line -> GenerationRecord, every field type-checked (a null token list, a string time,
-    a list where a dict belongs are one line). ``lenient``: fields older writers left out get defaults."""
-    return validate(_RECORD, {**RECORD_DEFAULTS, **obj} if lenient else obj, path, line, fix)
+    a list where a dict belongs are one line). ``lenient``: fields older writers left out get defaults;
+    never the fields that name the record (``RECORD_KEY``), which every reader pairs records by."""
+    missing = next((key for key in RECORD_KEY if key not in obj), None)
+    if missing is not None:
+        raise FileSchemaError(f"{where(path, line)}: field {missing}: the record has none, and records are paired by "
+                              f"{', '.join(RECORD_KEY)}; {fix}")
+    record = validate(_RECORD, {**RECORD_DEFAULTS, **obj} if lenient else obj, path, line, fix)
+    if record.forced is not None:
+        validate(_ForcedField, {"forced": record.forced}, path, line, fix)
+    return record
 
 
 def parse_header(obj: dict, path: str | Path, line: int | None, fix: str = RESULTS_FIX) -> dict:

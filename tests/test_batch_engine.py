@@ -6,6 +6,7 @@ that may be batched; methods that learn while serving are refused in one line.""
 
 from __future__ import annotations
 
+import re
 from collections import deque
 
 import pytest
@@ -17,6 +18,7 @@ from methods.pld import PLDDrafter, PLDOptions
 from methods.sps import SpSDrafter, SpSOptions
 from specbench.engine.batch_cache import RaggedKV, commit_rows
 from specbench import metrics
+from specbench.engine import MAX_BATCH
 from specbench.engine.batch_loop import BatchConfig, BatchRequest, generate_batch
 from specbench.engine.batch_target import BatchTarget
 from specbench.engine.drafter import DecodeState, Drafter
@@ -256,5 +258,8 @@ def test_methods_that_learn_while_serving_refuse_a_batch(name):
 
 
 def test_batch_size_bounds():
-    with pytest.raises(SpecbenchError, match="--batch-size must be between 1 and"):
-        BatchConfig(0)
+    """A batch built in code is held to the flag's declared range (run_config.RunConfig.batch_size)."""
+    for size in (0, MAX_BATCH + 1):
+        with pytest.raises(SpecbenchError, match=re.escape(f"--batch-size must be in [1, {MAX_BATCH}] (got {size})")):
+            BatchConfig(size)
+    assert BatchConfig(MAX_BATCH).size == MAX_BATCH

@@ -1,6 +1,6 @@
 """`specbench run --batch-size B` end to end on tiny real models that share the default target's
 tokenizer: every side and vanilla decode in batches, records carry the batch, greedy texts equal
-vanilla's, batch 1 records stay as they were, and bad batch flags are one-line errors (exit 2)."""
+vanilla's, batch 1 records stay as they were, and a learner is refused in one line (exit 2)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from bench_data import needs_data
 from specbench.run.run_config import RunConfig
 from specbench.run.runner import default_out
+from specbench.sides import Side
 from test_cli import base_args, cli, read
 
 
@@ -77,17 +79,12 @@ def test_batched_conversations_answer_their_second_turn(models, tmp_path, capsys
         assert pair["sps"]["new_tokens"] == pair["vanilla"]["new_tokens"]
 
 
-@pytest.mark.parametrize("extra,message", [
-    (["--batch-size", "0"], "--batch-size must be between 1 and 256"),
-    (["--batch-size", "1000"], "--batch-size must be between 1 and 256"),
-    (["--continuous"], "--continuous refills the slots of a batch; pass --batch-size B with B > 1"),
-    (["--batch-size", "2", "--repeats", "2"], "--repeats times each turn alone"),
-    (["--batch-size", "2", "--opt", "schedule=heuristic"], "sps learns while serving"),
-], ids=["zero", "huge", "continuous-alone", "repeats", "learner"])
-def test_bad_batch_flags_are_one_line_errors(models, tmp_path, capsys, extra, message):
+def test_a_learner_is_refused_a_batch_in_one_line(models, tmp_path, capsys):
+    """SpS learns only with its heuristic schedule: the instance, not the class, is refused (the declared
+    batch flags are refused with the other run flags, tests/test_commands.py)."""
     out = tmp_path / "bad.jsonl"
-    code, _, stderr = cli(base_args(models, out, *extra), capsys)
-    assert code == 2 and message in stderr and "Traceback" not in stderr
+    code, _, stderr = cli(base_args(models, out, "--batch-size", "2", "--opt", "schedule=heuristic"), capsys)
+    assert code == 2 and "sps learns while serving" in stderr and "Traceback" not in stderr
     assert not out.exists()
 
 
@@ -100,13 +97,14 @@ def test_dvi_refuses_a_batch_before_loading_anything(tmp_path, capsys):
 
 
 def test_batched_runs_get_their_own_default_file():
-    one = default_out(RunConfig(method="sps", bench="humaneval"))
-    four = default_out(RunConfig(method="sps", bench="humaneval", batch_size=4))
-    cont = default_out(RunConfig(method="sps", bench="humaneval", batch_size=4, continuous=True))
+    def config(**batch) -> RunConfig:
+        return RunConfig(sides=[Side("sps")], bench="humaneval", **batch)
+
+    one, four, cont = (default_out(config(**b)) for b in ({}, {"batch_size": 4}, {"batch_size": 4, "continuous": True}))
     assert len({one, four, cont}) == 3 and "_B4_" in four.name and "_B4c_" in cont.name
-    assert RunConfig(method="sps", bench="humaneval").identity() == {
-        k: v for k, v in RunConfig(method="sps", bench="humaneval", batch_size=4).identity().items()
-        if k not in ("batch_size", "continuous")}
+    assert "batch_size" not in config().identity()  # batch-1 runs keep their config hash
+    assert config().identity() == {k: v for k, v in config(batch_size=4).identity().items()
+                                   if k not in ("batch_size", "continuous")}
 
 
 @pytest.mark.slow
@@ -129,3 +127,49 @@ def test_real_target_batched_texts_equal_batch1_vanilla(tmp_path, capsys):
             assert r["new_tokens"] == expected[r["prompt_id"]], (extra, r["method"], r["prompt_id"])
             assert r["batch"]["size"] == int(extra[1])
         assert sum(sum(r["accept_lengths"]) for r in records if r["method"] == "eagle3") > 0
+
+
+def test_a_bf16_batched_run_rescores_its_flips_as_recheck_does(models, tmp_path, capsys, monkeypatch):
+    """Batched records keep their prompt for the exact rule. A planted bug shifts the logits of every batched
+    verify with draft rows (vanilla's one-row steps untouched), so the method's texts flip: the run re-scores
+    each flip with correct one-request forwards, whose replay of the stored prompt reproduces vanilla's tokens,
+    and finds it unexplained; the file stripped of the rule's fields re-checks to the same verdicts."""
+    from specbench.engine.batch_target import BatchTarget
+    from specbench.engine.target import TargetOutput
+    from specbench.engine.timing import NULL_TIMER
+    from test_recheck import METHOD, _as_before
+
+    real = BatchTarget.verify
+    shifts: dict = {}
+
+    def shifted(self, packed, taps=(), timer=NULL_TIMER):
+        outs = real(self, packed, taps, timer)
+        vocab = outs[0].logits.shape[-1]
+        shift = shifts.setdefault(vocab, 2.0 * torch.randn(vocab, generator=torch.Generator().manual_seed(0)))
+        return [out if out.logits.shape[0] == 1 else TargetOutput(out.logits + shift.to(out.logits), out.taps)
+                for out in outs]
+
+    monkeypatch.setattr(BatchTarget, "verify", shifted)
+    ran = tmp_path / "ran.jsonl"
+    args = ["run", "--method", METHOD, "--bench", "mt_bench", "--target", models["target"], "--dtype", "bfloat16",
+            "--max-new-tokens", "16", "--limit", "4", "--batch-size", "2", "--out", str(ran), "--no-warmup"]
+    code, _, err = cli(args, capsys)
+    assert code == 0, err
+    monkeypatch.setattr(BatchTarget, "verify", real)
+    lines = ran.read_bytes().splitlines(keepends=True)
+    records = [json.loads(line) for line in lines[1:]]
+    assert records and all(r["batch"]["size"] == 2 for r in records)
+    flips = [r["divergence"] for r in records if r.get("divergence") and "method_token" in r["divergence"]]
+    assert flips, "the planted bug flips the method's texts"
+    for d in flips:  # judged at run time by the exact rule, on the prompt the batch decoded
+        assert d["rule"] == "exact" and d["status"] == "unexplained" and d["replay_mismatches"] == 0, d
+    old = tmp_path / "old.jsonl"
+    old.write_bytes(b"".join(_as_before(line) for line in lines))
+    code, out, err = cli(["recheck", str(old)], capsys)
+    assert code == 0, err
+    assert f"re-scored {len(flips)} flip(s)" in out
+    for mine, theirs in zip(old.read_bytes().splitlines(keepends=True), lines):
+        a, b = json.loads(mine), json.loads(theirs)
+        if a.get("divergence"):
+            a["divergence"].pop("rescored_on", None)
+        assert a == b

@@ -7,12 +7,13 @@ import pytest
 from specbench.engine.registry import method_class, parse_options
 from specbench.errors import SpecbenchError
 from specbench.run.runner import RunConfig, run_sides, validate
+from specbench.sides import Side, cli_sides
 from test_cli import cli, read
 
 
 def test_budget_sets_each_methods_own_option_and_explicit_settings_win():
-    cfg = RunConfig(method="eagle3", bench="humaneval", budget=16,
-                    also=["specblock", "ddtree@budget=8", "medusa", "sps", "dflash", "specblock-no-shift"])
+    cfg = RunConfig(sides=cli_sides("eagle3", {}, also=["specblock", "ddtree@budget=8", "medusa", "sps", "dflash",
+                                                         "specblock-no-shift"]), bench="humaneval", budget=16)
     options = {s.label: s.options for s in run_sides(cfg)}
     assert options == {"eagle3": {"total_tokens": "17"}, "specblock": {"budget": "16"},
                        "ddtree@budget=8": {"budget": "8"}, "medusa": {"max_nodes": "16"}, "sps": {}, "dflash": {},
@@ -20,12 +21,12 @@ def test_budget_sets_each_methods_own_option_and_explicit_settings_win():
     assert parse_options(method_class("eagle3"), options["eagle3"]).total_tokens == 17  # root + 16 drafted
     assert parse_options(method_class("medusa"), options["medusa"]).max_nodes == 16
     assert cfg.identity()["budget"] == 16
-    assert "budget" not in RunConfig(method="eagle3", bench="humaneval").identity()  # older hashes unchanged
+    assert "budget" not in RunConfig(sides=[Side("eagle3")], bench="humaneval").identity()  # only when set
 
 
 def test_budget_below_one_is_refused():
     with pytest.raises(SpecbenchError, match="--budget must be >= 1"):
-        validate(RunConfig(method="eagle3", bench="humaneval", budget=0))
+        validate(RunConfig(sides=[Side("eagle3")], bench="humaneval", budget=0))
 
 
 def test_cli_budget_reaches_the_drafter_and_the_header(models, tmp_path, capsys):

@@ -190,3 +190,62 @@ def test_cpu_generation_tells_zen3_from_zen4():
     assert _cpu_generation(cpu_fields(zen3)) == "family 25 model 1, avx2 only"
     assert _cpu_generation(cpu_fields(zen4)) == "family 25 model 17, avx512_bf16"
     assert _cpu_generation(cpu_fields("processor\t: 0\n")) == ""  # no family/model (e.g. some ARM kernels): say nothing
+
+
+@pytest.mark.parametrize("template,needle", [
+    ("{% if %}", "cannot render the prompt"),  # not valid Jinja
+    ("{{ raise_exception('no system role') }}", "no system role"),  # valid, but refuses to render
+])
+def test_a_target_whose_chat_template_cannot_render_is_one_line(models, tmp_path, capsys, template, needle):
+    """The template is tried once when the target loads, before any drafter loads or anything is written."""
+    import shutil
+
+    folder = tmp_path / "target"
+    shutil.copytree(models["target"], folder)
+    config = folder / "tokenizer_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "chat_template": template}))
+    (folder / "chat_template.jinja").write_text(template)
+    args = base_args(models, tmp_path / "r.jsonl")
+    args[args.index(models["target"])] = str(folder)
+    code, _, err = cli(args, capsys)
+    last = err.strip().splitlines()[-1]  # earlier lines: transformers' own progress bar of the target load
+    assert code == 2 and "Traceback" not in err and last.startswith("error: "), err
+    assert needle in last and "--chat-template plain" in last
+    assert not (tmp_path / "r.jsonl").exists() and not list(tmp_path.glob("r.jsonl*"))
+
+
+def test_a_file_written_before_sides_were_data_still_resumes(tmp_path, capsys, monkeypatch):
+    """A results file whose header recorded its sides only as command-line text (method, options, label, also)
+    resumes under the same command line: its identity is read through that text (run_config.identity_of_header).
+    The reference set's DDTree budget file and its own command line; the target load is where the check ends."""
+    import importlib.util
+    import shutil
+
+    from specbench.engine.target import Target
+
+    name = "ddtree-budgets_humaneval_smollm2-135m_T0.jsonl"
+    if not (REPO / "results" / name).is_file():
+        pytest.skip(f"needs results/{name}")
+    spec = importlib.util.spec_from_file_location("reference_set", REPO / "bench" / "reference_set.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    argv = next(argv for out, argv in module.plan(limit=8, repeats=1, stream_limit=8, passes=2) if out.endswith(name))
+    old = tmp_path / name
+    shutil.copy(REPO / "results" / name, old)
+    argv[argv.index("--out") + 1] = str(old)
+    assert "--resume" in argv and "side_specs" not in read(old)[0]["meta"]
+
+    class Reached(Exception):
+        pass
+
+    def reached(*args, **kwargs):
+        raise Reached
+
+    monkeypatch.setattr(Target, "load", classmethod(reached))
+    with pytest.raises(Reached):  # the header's check passed: the run would continue the file
+        cli(argv, capsys)
+    other = list(argv)
+    other[other.index("--max-new-tokens") + 1] = "64"
+    code, _, err = cli(other, capsys)
+    assert code == 2 and "different configuration" in err
+    assert old.read_bytes() == (REPO / "results" / name).read_bytes()

@@ -76,8 +76,10 @@ def _kind(cmd, param) -> str:
 
 
 def _text(max_size=12):
-    # argv cannot carry NUL or lone surrogates
-    return st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=max_size)
+    # argv cannot carry NUL; bytes that are not UTF-8 arrive as lone surrogates (U+DC80..U+DCFF), only those
+    undecodable = st.characters(min_codepoint=0xDC80, max_codepoint=0xDCFF)
+    text = st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00")
+    return st.text(st.one_of(text, text, text, undecodable), max_size=max_size)
 
 
 def _paths(tmp: Path) -> dict[str, str]:
@@ -92,14 +94,21 @@ def _paths(tmp: Path) -> dict[str, str]:
     locked.write_text('{"id": "a", "turns": ["hi"]}\n')
     locked.chmod(0)
     (tmp / "prompts.jsonl").write_text('{"id": "p0", "turns": ["Tell me a story."]}\n')
+    (tmp / "folder.jsonl").mkdir(exist_ok=True)  # a folder that looks like a prompt or results file
+    (tmp / "r\udce9.jsonl").write_text("")  # a name whose bytes are not UTF-8 (b"r\xe9.jsonl")
+    if not (tmp / "fifo.jsonl").exists():
+        os.mkfifo(tmp / "fifo.jsonl")  # only ever given as --bench (DOMAIN): a reader that opened it would wait
     return {"prompts": str(tmp / "prompts.jsonl"), "missing": str(tmp / "no" / "such" / "file.jsonl"), "folder": str(tmp / "folder"),
             "garbage": str(tmp / "garbage.jsonl"), "empty": str(tmp / "empty.jsonl"), "bad_yaml": str(tmp / "bad.yaml"),
             "bad_json": str(tmp / "bad.json"), "list_yaml": str(tmp / "list.yaml"), "ok_yaml": str(tmp / "ok.yaml"),
-            "locked": str(locked), "unreadable": "/proc/self/mem", "proc": "/proc/forbidden/out.jsonl"}
+            "locked": str(locked), "unreadable": "/proc/self/mem", "proc": "/proc/forbidden/out.jsonl",
+            "folder_jsonl": str(tmp / "folder.jsonl"), "undecodable_name": str(tmp / "r\udce9.jsonl")}
+
 
 
 ADVERSARIAL = ["", " ", "-1", "0", "-0", "1e309", "-1e309", "nan", "NaN", "inf", "-inf", "9" * 40, "-" + "9" * 40,
-               "0x10", "1_000", "3.5", "[/]", "[bold]x", "a\nb", "💥", "ünïcødé", "--", "-", "a=b", "=", "key=", "=value", "~", "..", "a" * 300]
+               "0x10", "1_000", "3.5", "[/]", "[bold]x", "a\nb", "💥", "ünïcødé", "--", "-", "a=b", "=", "key=", "=value", "~", "..", "a" * 300,
+               "caf\udce9", "\udcff.jsonl", "sps=caf\udce9"]  # the last three: argv bytes that are not UTF-8
 DOMAIN = {  # plausible values, so examples also get past the first check
     "method": METHODS + ["spss", "vanila", ""], "bench": ["humaneval", "mt_bench", "gsm8k", "mixed", "math500+alpaca",
                                                           "humanevl", "a+"],
@@ -110,6 +119,8 @@ DOMAIN = {  # plausible values, so examples also get past the first check
     "layers": ["0,1", "0,29", "a,b", "99", "-1"], "target_layer_ids": ["1,2", "x", "-3"],
     "target": ["smollm2-135m", "/nonexistent/model", "x.gguf", "org/name/extra"],
     "sweep": ["budget=16,32", "gamma=", "=1,2", "budget", "gamma=1,x"],
+    "drafter": ["nosuch=/x", "sps=/no/such/dir", "spss=/x", "=x", "sps", "sps=caf\udce9"],
+    "preset": ["dvi-table2", "specblock-table1", "nosuch", ""], "all_methods": [],
 }
 
 
@@ -155,6 +166,8 @@ def _param_args(draw, cmd, param, method, paths, tmp) -> list[str]:
         for _ in range(draw(st.integers(1, 3))):
             args += [flag, draw(method_opt(method or draw(st.sampled_from(METHODS)), paths))]
         return args
+    if param.name == "bench" and draw(st.integers(0, 5)) == 0:  # a FIFO, a folder: say what it is, never wait on it
+        return [flag, draw(st.sampled_from([str(tmp / "fifo.jsonl"), paths["folder"], paths["folder_jsonl"]]))]
     if param.name == "also":
         name = draw(st.sampled_from(METHODS + ["nope"]))
         return [flag, "@".join([name, *draw(st.lists(method_opt(name, paths), max_size=2))])]
@@ -320,7 +333,9 @@ def results_bytes(draw) -> tuple[bytes, str]:
                                          "bench": "p", "stream": ["a", "b"], "stream_turns": [1, 1],
                                          "sides": ["sps", "vanilla"]}}
     lines = [header] + [_record(pid, m) for pid in ("a", "b") for m in ("sps", "vanilla")]
-    damage = draw(st.sampled_from(["field", "field", "twice", "header twice", "cut", "none"]))
+    damage = draw(st.sampled_from(["field", "field", "twice", "header twice", "cut", "none", "drop key"]))
+    if damage == "drop key":  # a record without a field that names it (method, bench, prompt_id, turn)
+        del lines[draw(st.integers(1, len(lines) - 1))][draw(st.sampled_from(["method", "bench", "prompt_id", "turn"]))]
     if damage == "field":
         line = draw(st.integers(0, len(lines) - 1))
         target = lines[line]["meta"] if line == 0 else lines[line]
@@ -391,7 +406,11 @@ def _file_invocation(draw, tmp: Path, models_dir: str) -> tuple[list[str], list[
             return ["merge", str(results), "--out", str(out)], [prompts, config, results], label
     argv = ["run", "--method", "sps", "--bench", str(prompts), "--target", models_dir, "--limit", "2",
             "--opt", "draft=truncated:1", "--config", str(config), "--out", str(out), "--no-warmup"]
-    argv += ["--resume"] if case == "results" else draw(st.sampled_from([[], ["--overwrite"], ["--resume"]]))
+    flags = ["--resume"] if case == "results" else draw(st.sampled_from([[], ["--overwrite"], ["--resume"],
+                                                                         ["--resume", "--overwrite"]]))
+    argv += flags
+    if len(flags) == 2:
+        label += " (--resume --overwrite)"
     if case == "writer":
         label = "concurrent writer"
     return argv, [prompts, config, results], label
@@ -442,6 +461,8 @@ def test_file_fuzz(tmp_path, capsys, monkeypatch, models):
         # These must be refused, and before any model loads: the output is an input, a device, a FIFO, a
         # symlink or a folder; the results file holds a line twice; another writer holds the file.
         must_refuse = label.startswith(("alias/", "results/twice", "results/header twice", "concurrent writer"))
+        must_refuse |= label.endswith("(--resume --overwrite)")  # a declared conflict
+        must_refuse |= label.startswith("results/drop key") and not label.endswith("(export)")  # schemas everywhere
         if must_refuse and code != 2:
             failures.append((label, argv, f"not refused ({outcome})"))
         changed = [str(p) for p, data in before.items() if not p.is_file() or p.read_bytes() != data]

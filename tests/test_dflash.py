@@ -110,7 +110,7 @@ def baseline(target, prompt, config):
 
 # ---- configuration -----------------------------------------------------------------------------
 def test_default_taps_are_evenly_spaced_one_per_layer():
-    assert default_layer_ids(36, 5) == [1, 9, 17, 25, 33]  # METHODS.md §7.1's example
+    assert default_layer_ids(36, 5) == [1, 9, 17, 25, 33]  # docs/methods.md#dflash's example
     assert default_layer_ids(30, 1) == [15] and default_layer_ids(30, 3) == [1, 14, 27]
 
 

@@ -144,4 +144,4 @@ def test_device_map_auto_is_a_pass_through_on_cpu(models, tmp_path, single, caps
     lines = read(out)
     assert tokens(lines) == tokens(single) and lines[0]["meta"]["device_map"] == ["cpu"]
     code, _, err = cli(args_for(models, tmp_path / "x.jsonl", "--device-map", "everywhere"), capsys)
-    assert code == 2 and "--device-map must be one of auto" in err
+    assert code == 2 and "--device-map must be one of 'auto', 'balanced'" in err

@@ -377,12 +377,19 @@ def test_resume_refuses_other_weights(models, cache, tmp_path, capsys):
 
 
 def test_also_sides_take_hub_revisions():
-    from specbench.run.runner import parse_also
+    """An '@' separates two options only where `key=` follows it, so a hub id's @REVISION stays in its value
+    (no special case); an '@' followed by no option is part of the value, which the option's type then judges."""
+    from specbench.engine.registry import method_class, parse_options
+    from specbench.sides import parse_spec
 
-    side = parse_also("eagle3@path=yuhuili/EAGLE3-LLaMA3.1-Instruct-8B@v1@top_k=4")
+    side = parse_spec("eagle3@path=yuhuili/EAGLE3-LLaMA3.1-Instruct-8B@v1@top_k=4")
     assert side.options == {"path": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B@v1", "top_k": "4"}
+    stray = parse_spec("eagle3@top_k=4@oops")
+    assert stray.options == {"top_k": "4@oops"}
+    with pytest.raises(SpecbenchError, match="option top_k expects a whole number"):
+        parse_options(method_class("eagle3"), stray.options)
     with pytest.raises(SpecbenchError, match="--also expects"):
-        parse_also("eagle3@top_k=4@oops")
+        parse_spec("eagle3@oops")
 
 
 def test_dflash_published_logit_and_embedding_knobs(cache, tmp_path):

@@ -142,36 +142,59 @@ def test_every_method_declares_help_for_every_option():
         assert not missing, (name, missing)
 
 
-def test_every_run_flag_reaches_the_run_config():
-    """`specbench run`'s flags are RunConfig's fields (declared once, in run_config.py) plus the few the
-    command uses itself (listed here), so a new flag cannot be dropped silently."""
+def test_every_run_flag_is_a_declared_field():
+    """`specbench run`'s flags are the declared fields of RunConfig (what a run is), SideFlags (how the command
+    line writes its sides) and PresetFlags (--preset, --dry-run), so a new flag cannot be dropped silently."""
     import inspect
 
     from specbench.cli import run
-    from specbench.run.runner import RunConfig
+    from specbench.run.run_config import PresetFlags, RunConfig, SideFlags
 
-    own = {"opt", "config", "preset", "dry_run"}  # -> options / config_file; --preset runs a preset instead
-    flagged = {f.name for f in dataclasses.fields(RunConfig) if "flag" in f.metadata}
-    flags = set(inspect.signature(run).parameters)
-    assert flags == flagged | own
-    assert not {"options", "config_file"} & flags  # built from --opt/--config, never a flag of their own
+    declared = [d.name for cls in (SideFlags, RunConfig, PresetFlags) for d in options.declared(cls) if not d.internal]
+    assert list(inspect.signature(run).parameters) == declared
+    assert not {"sides", "config_file", "prompts"} & set(declared)  # set by code, never a flag
 
 
 def test_run_flags_take_help_default_and_spelling_from_the_field():
     import typer.main
 
     from specbench.cli import app
+    from specbench.engine import DEFAULT_TARGET
     from specbench.run.runner import RunConfig
-    from specbench.engine.target import DEFAULT_TARGET
+    from specbench.run.run_config import PresetFlags, SideFlags
+    from specbench.sides import Side
 
     command = typer.main.get_command(app).commands["run"]
     params = {p.name: p for p in command.params}
-    for f in dataclasses.fields(RunConfig):
-        spec = f.metadata.get("flag")
-        if spec is None:
-            continue
-        assert params[f.name].help == spec.help, f.name
+    for cls in (SideFlags, RunConfig, PresetFlags):
+        for declared in options.declared(cls):
+            if not declared.internal:
+                assert params[declared.name].help == options.help_text(declared), declared.name
     assert params["attn_implementation"].opts == ["--attn"]
+    assert params["passes"].help.endswith("[in [1, 1000]]")  # the range, from the declaration
     assert set(params["method"].opts) == {"--method", "-m"} and params["method"].default is None
-    assert params["dtype"].default == "auto" and RunConfig(method="m", bench="b").dtype == "bfloat16"
-    assert RunConfig(method="m", bench="b").target == DEFAULT_TARGET == params["target"].default
+    run = RunConfig(sides=[Side("m")], bench="b")
+    assert params["dtype"].default == "auto" and run.dtype == "bfloat16"
+    assert run.target == DEFAULT_TARGET == params["target"].default
+
+
+@dataclass
+class Paired:
+    size: int = option(1, "How many at once.", ge=1)
+    refill: bool = option(False, "Refill at once.", requires="size")
+    name: str | None = option(None, "A name.")
+    tagged: bool = option(False, "Tag the output.", requires="name")
+
+
+@pytest.mark.parametrize("values,needle", [
+    ({"refill": True}, "--refill needs --size set away from its default 1 (--refill: Refill at once); pass --size "
+                       "too or drop --refill"),
+    ({"tagged": True}, "--tagged needs --name set (--tagged: Tag the output)"),  # no default worth naming
+    ({"size": 1, "refill": True}, "--refill needs --size set away from its default 1"),  # the default, given
+])
+def test_an_option_set_without_what_it_requires_is_one_line(values, needle):
+    label = lambda name: "--" + name  # noqa: E731
+    with pytest.raises(SpecbenchError) as caught:
+        options.validate(Paired(**values), "paired", label)
+    assert needle in str(caught.value) and "\n" not in str(caught.value)
+    assert options.validate(Paired(size=2, refill=True, name="x", tagged=True), "paired", label).refill

@@ -136,3 +136,23 @@ def test_load_flag_and_its_mark_in_the_report(tmp_path: Path):
         assert (f"2.00× [2.00, 2.00] (n=1) {MARK}" in md) == (name == "busy.jsonl")
         tex = (tmp_path / name.replace(".jsonl", "") / "main_table.tex").read_text()
         assert (r"\ddag{}" in tex) == (name == "busy.jsonl")
+
+
+def test_table_lists_claims_with_data_and_counts_the_rest():
+    """A block lists only the claims its records test; the others are counted in a note (and kept in the
+    CSV), and a block where no claim has data gets no section at all."""
+    from specbench.analysis.orderings import orderings_table
+
+    untestable = Claim("c faster than d", "test", r"c", r"d")
+    base = [rec("vanilla", f"p{i}", 1 + i / 10) for i in range(12)]
+    tested = result_file(base + side("a", 0.5, 0.02) + side("b", 0.8, 0.02), "t0.jsonl")
+    idle = result_file([rec("vanilla", "p0", 1.0), rec("x", "p0", 1.0)], "t1.jsonl", temperature=1.0)
+    frame = ordering_frame([tested, idle], [CLAIM, untestable])
+    assert sorted(frame.verdict) == ["holds", "no data", "no data", "no data"]
+    table = orderings_table(frame, claims=[CLAIM, untestable])
+    assert [label for label, _ in table.sections] == ["t · T = 0"]
+    assert [row[0].text for row in table.sections[0][1]] == ["a faster than b"]
+    note = next(n for n in table.notes if n.startswith("Only the claims"))
+    assert "t · T = 0: 1 of 2" in note and "t · T = 1: 2 of 2" in note
+    assert not any(n.startswith("c faster than d:") for n in table.notes)  # sources of listed claims only
+    assert len(table.data) == len(frame)  # the CSV keeps the 'no data' rows

@@ -296,7 +296,8 @@ def test_parity_needs_one_method_or_all(capsys, tmp_path, monkeypatch):
 
 
 def test_all_takes_no_per_method_options(capsys, tmp_path, monkeypatch):
-    assert "apply to one method" in refused(["--all", "--opt", "gamma=3"], capsys, tmp_path, monkeypatch)
+    refusal = refused(["--all", "--opt", "gamma=3"], capsys, tmp_path, monkeypatch)
+    assert "--all and --opt cannot be used together" in refusal  # a conflict ParityConfig declares
 
 
 # ---- medusa: the reference's dense tree is the parity run's default -------------------------

@@ -93,7 +93,7 @@ def test_the_shipped_presets_and_claims_are_found():
     assert "lookahead faster than vanilla" in [c.text for c in claims]  # the training-free methods' claims too
     assert "PACER with t tuned for the pair faster than the best fixed γ" in [c.text for c in claims]
     plan = build_plan("pacer-table1", "x/y", max_new_tokens=8, drafters={"pacer": "/p", "sps": "/s"})
-    assert {s.label: s.options for s in plan.sides}["pacer"]["pacer"] == "/p"
+    assert {s.label: s.side.options for s in plan.sides}["pacer"]["pacer"] == "/p"
 
 
 @pytest.mark.parametrize("text, message", [

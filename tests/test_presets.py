@@ -13,7 +13,7 @@ from specbench.run.preset import build_plan, frame, load_preset, preset_names, s
 from specbench.run.benchmarks import Prompt
 from specbench.records import GenerationRecord
 from specbench.analysis.report import ResultFile, paper_metric_cells, paper_metric_table, render_markdown
-from specbench.run.runner import parse_also, run_sides
+from specbench.run.runner import run_sides
 from bench_data import needs_data
 from test_cli import cli
 
@@ -135,11 +135,15 @@ def test_plan_expands_into_run_configs(tmp_path):
     assert len(plan.runs) == 12
     run = next(r for r in plan.runs if r.bench == "humaneval" and r.temperature == 1.0)
     cfg = run.cfg
-    assert (cfg.method, cfg.label, cfg.temperature, cfg.max_new_tokens, cfg.preset) == \
+    (main,) = cfg.sides
+    assert (main.method, main.label, cfg.temperature, cfg.max_new_tokens, cfg.preset) == \
            ("specblock", "specblock", 1.0, 1024, "specblock-table1")
-    assert cfg.options == {"path": "weijiezz/SpecBlock-Qwen3-8B", "blocks": "2", "beam_width": "10", "budget": "60"}
-    assert cfg.bench == str(tmp_path / "prompts" / "specblock-table1" / "humaneval.jsonl")
+    assert {k: str(v) for k, v in main.options.items()} == \
+        {"path": "weijiezz/SpecBlock-Qwen3-8B", "blocks": "2", "beam_width": "10", "budget": "60"}
+    # The selected, framed prompts travel in the config; nothing is written to be read back.
+    assert cfg.bench == "humaneval" and cfg.prompts == next(b for b in plan.benches if b.bench == "humaneval").prompts
     assert cfg.out == str(tmp_path / "specblock-table1_humaneval_Qwen3-8B_T1.jsonl")
+    assert not any(tmp_path.iterdir())
     # EAGLE-3 has no published Qwen3-8B drafter in the release: not run, with the training command; Table 1 has
     # no SpS or Medusa row for Qwen3.
     assert [label for label, _ in plan.skipped][:3] == ["eagle3", "sps", "medusa"]
@@ -151,23 +155,26 @@ def test_plan_expands_into_run_configs(tmp_path):
 def test_plan_sweeps_and_flash_attention_baselines(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the Hub-read Alpaca bench stays out: no network in tests
     plan = build_plan("ddtree-table1", "/models/Qwen3-8B", out_dir=tmp_path, drafters={"dflash": "/drafters/dflash"})
-    mains = [r for r in plan.runs if r.cfg.method == "ddtree"]
+    mains = [r for r in plan.runs if r.cfg.sides[0].method == "ddtree"]
     fa2 = [r for r in plan.runs if r.cfg.attn_implementation == "flash_attention_2"]
     assert len(mains) == len(fa2) == len({r.bench for r in mains}) * 2
     # App. B: vanilla and vanilla DFlash also under flash-attention-2 (DDTree's trees need SDPA), kept apart by label.
-    assert all(r.cfg.method == "dflash" and r.cfg.label == "dflash-fa2" and r.cfg.baseline == "vanilla"
-               and not r.cfg.also and r.cfg.out.endswith("_flash_attention_2.jsonl") for r in fa2)
+    assert all([(s.method, s.label) for s in r.cfg.sides] == [("dflash", "dflash-fa2")] and r.cfg.baseline == "vanilla"
+               and r.cfg.out.endswith("_flash_attention_2.jsonl") for r in fa2)
     sides = run_sides(mains[0].cfg)
     assert [s.label for s in sides] == [f"ddtree@budget={b}" for b in (16, 32, 64, 128, 256, 512, 1024)] + ["dflash"]
     assert all(s.options["path"] == "/drafters/dflash" for s in sides)  # --drafter wins; target matched by name
-    assert parse_also(mains[0].cfg.also[-1]).options == {"path": "/drafters/dflash"}
+    assert mains[0].cfg.sides[-1].options == {"path": "/drafters/dflash"}
+    # a sweep's sides are data: their stem and the option their label shows
+    assert {(s.stem, s.shown) for s in mains[0].cfg.sides[:-1]} == {("ddtree", ("budget",))}
 
 
 @needs_data
 def test_pacer_overrides_per_target_and_bench(tmp_path):
     plan = build_plan("pacer-table1", "meta-llama/Llama-2-70b-chat-hf", out_dir=tmp_path, max_new_tokens=64,
                       drafters={"pacer": "/runs/pacer"})
-    by_bench = {r.bench: {s.label: s.options for s in run_sides(r.cfg)} for r in plan.runs}
+    by_bench = {r.bench: {s.label: {k: str(v) for k, v in s.options.items()} for s in run_sides(r.cfg)}
+                for r in plan.runs}
     assert by_bench["gsm8k"]["pacer"] == {"draft": "meta-llama/Llama-2-7b-chat-hf", "pacer": "/runs/pacer",
                                           "block": "3", "threshold": "0.65", "rho": "1.05"}  # Table 10
     assert by_bench["cnn_dailymail"]["pacer"]["block"] == "3"

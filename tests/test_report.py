@@ -89,7 +89,7 @@ def full(simple: Path) -> Path:
                                                  draft=0.1)
     for budget, quality in ((16, 2), (32, 3), (64, 4)):
         records += method_records(f"ddtree@budget={budget}", quality=quality, draft=0.1 * quality)
-    write_jsonl(simple / "b.jsonl", records, method="ddtree")
+    write_jsonl(simple / "b.jsonl", records, method="ddtree", sweep="budget=16,32,64")  # the header declares the sweep
     return simple
 
 
@@ -169,7 +169,7 @@ def test_budget_figure_only_with_sweep(simple: Path):
 def test_budget_figure_with_sweep(full: Path):
     report = build_report(full, reps=0)
     assert "budget_sweep" in block_figures(report, ("smollm2-135m", 0.0))
-    sweep = sweep_frame(report.cells, ("smollm2-135m", 0.0))
+    sweep = sweep_frame(report.cells, ("smollm2-135m", 0.0), report.sides[("smollm2-135m", 0.0)])
     mean = sweep[sweep.bench == "mean"]
     assert list(mean.budget) == [16, 32, 64] and mean.tau.is_monotonic_increasing
 
@@ -346,11 +346,12 @@ def test_method_without_vanilla_keeps_tau_and_says_why(tmp_path: Path):
 
 
 def test_ablations_group_variants_at_the_same_budget_and_sweeps_stay_apart():
-    # Files without the header's `methods` field: each side's class is found through the registry.
+    # Files without the header's `methods` field: each side's class is found through the registry, each side's
+    # budget through the run's recorded --also specs (every label here is the spec that made it).
     from specbench.analysis.report import ablation_groups, side_infos
     labels = ["vanilla", "specblock@budget=16", "specblock-no-shift@budget=16", "eagle3@budget=16", "eagle3@budget=60",
               "specblock", "specblock-uniform-tree", "specblock-adapt", "sps", "sps-confidence"]
-    assert ablation_groups(side_infos({}, labels)) == {
+    assert ablation_groups(side_infos({"also": labels}, labels)) == {
         "specblock": ["specblock", "specblock-uniform-tree"],
         "specblock@budget=16": ["specblock@budget=16", "specblock-no-shift@budget=16"]}
     # A run's own label suffix (here: drafters trained one epoch) keeps its base apart from plain "specblock".
@@ -467,3 +468,32 @@ def test_divergence_table_sets_each_flips_gap_beside_the_noise(tmp_path: Path):
     assert row.noise == 0.375 and row.noise_roundings == 40.0
     assert row.gap_max == 0.375 and row.tolerance_min == 0.9
     assert "| 0.375 | 0.375 | 0.9 |" in render_markdown(divergence_table(files))
+
+
+def test_divergence_table_counts_both_rules_and_where_they_disagree(tmp_path: Path):
+    """bf16 flips judged by the exact rule count under both rules (the bound's verdict kept as old_status); a
+    flip written before the rule existed counts under the bound and as not re-scored; fp32 has no exact column."""
+    from specbench.analysis.report.checks import divergence_frame, divergence_table
+    from specbench.analysis.report.records import load_result_files
+    from specbench.analysis.report.render import render_markdown
+
+    flips = [dict(status="near-tie", rule="exact", old_status="near-tie", position_noise=0.125),
+             dict(status="unexplained", rule="exact", old_status="near-tie", position_noise=0.25),
+             dict(status="unexplained", after_turn=1, rule="exact", old_status="near-tie"),
+             dict(status="near-tie", method_margin=0.0625, vanilla_margin=0.0625, tolerance=2.5),
+             dict(status="identical", noise=0.375)]
+    for dtype in ("bfloat16", "float32"):
+        records = vanilla_records(benches=("humaneval",), prompts=5)
+        for r, d in zip(method_records("sps", benches=("humaneval",), prompts=5), flips):
+            r.divergence = d
+            records.append(r)
+        (tmp_path / dtype).mkdir()
+        write_jsonl(tmp_path / dtype / "d.jsonl", records, dtype=dtype, temperature=0.0)
+    bf16 = load_result_files(tmp_path / "bfloat16")
+    row = divergence_frame(bf16).iloc[0]
+    assert (row.near_tie, row.unexplained) == (2, 2)  # each status as the rule that set it says
+    assert (row.old_near_tie, row.old_unexplained, row.exact_near_tie, row.exact_unexplained) == (4, 0, 1, 2)
+    assert (row.disagree, row.not_rescored, row.position_noise_max) == (2, 1, 0.25)
+    assert "| 4/0 | **1/2 +1** | 0.25 | **2** |" in render_markdown(divergence_table(bf16))
+    fp32 = render_markdown(divergence_table(load_result_files(tmp_path / "float32")))
+    assert "| 4/0 | — | — | — |" in fp32

@@ -76,9 +76,13 @@ def test_older_headers_find_each_sides_method_through_the_registry():
     for name in ("specblock-adapt", "specblock-osd", "sps-confidence"):  # methods, not ablations
         assert infos[name].ablation_of is None
     assert (infos["specblock-adapt"].family, infos["sps-confidence"].family) == ("specblock", "sps")
-    assert infos["mystery"] == type(infos["mystery"])("mystery", "mystery", "mystery", None)
+    mystery = infos["mystery"]  # a label the header does not declare: a method of its own, nothing read from it
+    assert (mystery.method, mystery.label, mystery.family, mystery.ablation_of, mystery.budget) == \
+        ("mystery", "mystery", "mystery", None, None)
     sweep = header_sides({"method": "ddtree", "label": "ddtree", "sweep": "budget=8,32"})
-    assert sweep == {"ddtree@budget=8": "ddtree", "ddtree@budget=32": "ddtree", "ddtree": "ddtree"}
+    assert {label: (side.method, dict(side.options), side.shown) for label, side in sweep.items()} == \
+        {"ddtree@budget=8": ("ddtree", {"budget": "8"}, ("budget",)),
+         "ddtree@budget=32": ("ddtree", {"budget": "32"}, ("budget",))}
 
 
 def test_every_registered_method_declares_a_distinct_label_and_a_registered_base():
@@ -99,13 +103,16 @@ def test_run_header_records_each_sides_method_names(models, tmp_path, capsys):
     code, _, err = cli(args, capsys)
     assert code == 0, err
     meta = read(out)[0]["meta"]
-    sps = {"method": "sps", "label": "SpS", "family": "sps", "ablation_of": None}
+    sps = {"method": "sps", "label": "SpS", "family": "sps", "ablation_of": None, "budget_option": None}
     assert meta["methods"] == {"sps@gamma=1": sps, "sps@gamma=2": sps, "mine": sps,
                                "vanilla": {"method": "vanilla", "label": "Vanilla", "family": "vanilla",
-                                           "ablation_of": None}}
-    # The fallback for older headers reads the same sides from the run's options.
-    assert {label: m for label, m in header_sides(meta).items() if label in meta["methods"]} == \
+                                           "ablation_of": None, "budget_option": None}}
+    # The sides as the run declared them: method, options as given, stem and the options the label shows.
+    sides = header_sides(meta)
+    assert {label: side.method for label, side in sides.items()} == \
         {label: entry["method"] for label, entry in meta["methods"].items() if label != "vanilla"}
+    assert sides["sps@gamma=2"].options == {"draft": models["draft"], "gamma": "2"}
+    assert (sides["mine"].stem, sides["mine"].shown, sides["mine"].options["gamma"]) == ("mine", (), "4")
 
 
 def toy_table(blocks, provenance):

@@ -7,15 +7,16 @@ from __future__ import annotations
 import pytest
 
 from specbench.errors import SpecbenchError
-from specbench.run.runner import RunConfig, parse_also, parse_sweep, run_sides
+from specbench.run.runner import RunConfig, run_sides
+from specbench.sides import Side, cli_sides, parse_spec, parse_sweep
 from specbench.run.streams import MIXED_PARTS, build_queries, load_stream_prompts
 from bench_data import needs_data
 from test_cli import base_args, cli, read
 
 
 def test_sweep_and_also_make_one_side_each():
-    cfg = RunConfig(method="sps", bench="humaneval", options={"draft": "d"}, sweep="gamma=1,3",
-                    also=["medusa@max_nodes=15@topk=4", "vanilla@x=1"])
+    cfg = RunConfig(sides=cli_sides("sps", {"draft": "d"}, sweep="gamma=1,3",
+                                    also=["medusa@max_nodes=15@topk=4", "vanilla@x=1"]), bench="humaneval")
     sides = run_sides(cfg)
     assert [s.label for s in sides] == ["sps@gamma=1", "sps@gamma=3", "medusa@max_nodes=15@topk=4", "vanilla@x=1"]
     assert sides[0].options == {"draft": "d", "gamma": "1"} and sides[1].options["gamma"] == "3"
@@ -29,15 +30,18 @@ def test_bad_sweep_is_one_clear_error(bad):
 
 
 def test_also_label_names_the_side():
-    side = parse_also("eagle3@total_tokens=16@depth=4@label=eagle3@budget=16")
-    assert side == type(side)("eagle3@budget=16", "eagle3", {"total_tokens": "16", "depth": "4"})
+    side = parse_spec("eagle3@total_tokens=16@depth=4@label=eagle3@budget=16")
+    assert side == Side("eagle3", {"total_tokens": "16", "depth": "4"}, "eagle3@budget=16")
+    assert side.label == "eagle3@budget=16" and side.shown == ()  # a given label is shown, never read back
+    auto = parse_spec("medusa@max-nodes=15")  # no label given: the spec (its keys spelt as options) is the label
+    assert (auto.label, auto.stem, auto.shown) == ("medusa@max_nodes=15", "medusa", ("max_nodes",))
 
 
 def test_bad_also_and_duplicate_labels_are_refused():
     with pytest.raises(SpecbenchError, match="--also expects"):
-        parse_also("sps@gamma")
+        parse_spec("sps@gamma")
     with pytest.raises(SpecbenchError, match="share the label"):
-        run_sides(RunConfig(method="sps", bench="humaneval", also=["sps"]))
+        run_sides(RunConfig(sides=cli_sides("sps", {}, also=["sps"]), bench="humaneval"))
 
 
 @needs_data

@@ -10,7 +10,8 @@ import pytest
 
 from specbench.analysis.orderings import load_claims, ordering_frame
 from specbench.engine.registry import method_class, parse_options
-from specbench.run.runner import RunConfig, parse_also, run_sides
+from specbench.run.runner import RunConfig, run_sides
+from specbench.sides import cli_sides, parse_spec
 from test_orderings import rec, result_file
 
 SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "reference_set.py"
@@ -29,7 +30,7 @@ def side_specs(argv):
     opts = {argv[i + 1].split("=", 1)[0]: argv[i + 1].split("=", 1)[1] for i, a in enumerate(argv) if a == "--opt"}
     label = argv[argv.index("--label") + 1] if "--label" in argv else main
     return [(label, main, opts)] + [(s.label, s.method, s.options)
-                                    for s in (parse_also(argv[i + 1]) for i, a in enumerate(argv) if a == "--also")]
+                                    for s in (parse_spec(argv[i + 1]) for i, a in enumerate(argv) if a == "--also")]
 
 
 def test_every_bench_runs_them_beside_vanilla_and_the_trained_methods_and_their_options_fit_the_budget():
@@ -41,8 +42,9 @@ def test_every_bench_runs_them_beside_vanilla_and_the_trained_methods_and_their_
         labels = {label for label, _, _ in side_specs(argv)}
         assert FREE <= labels and {"eagle3", "specblock", "sps", "medusa"} <= labels
         budget = int(argv[argv.index("--budget") + 1])
-        cfg = RunConfig(method=argv[argv.index("--method") + 1], bench="humaneval", budget=budget,
-                        also=[argv[i + 1] for i, a in enumerate(argv) if a == "--also"])
+        cfg = RunConfig(sides=cli_sides(argv[argv.index("--method") + 1], {},
+                                        also=[argv[i + 1] for i, a in enumerate(argv) if a == "--also"]),
+                        bench="humaneval", budget=budget)
         for side in run_sides(cfg):  # the --budget options applied, then parsed as the runner does
             if side.method in FREE:
                 parse_options(method_class(side.method), side.options)
@@ -116,7 +118,7 @@ def test_spec_bench_table_runs_its_rows_with_spec_benchs_settings(target, eagle3
     assert [(b.bench, len(b.prompts), b.turns) for b in plan.benches] == [("spec_bench", 480, 560)]
     (run,) = plan.runs
     assert (run.cfg.temperature, run.cfg.max_new_tokens, run.cfg.dtype) == (0.0, 1024, "float16")
-    sides = {s.label: s for s in plan.sides}
+    sides = {s.label: s.side for s in plan.sides}
     assert set(sides) == {"sps", "pld", "lookahead", "medusa"} | ({"eagle3"} if eagle3 else set())
     assert sides["pld"].options == {"gamma": 10, "ngram": 3, "rule": "original"}
     assert sides["lookahead"].options == {"window": 7, "ngram": 5, "guess": 7, "budget": 0}

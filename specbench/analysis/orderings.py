@@ -245,29 +245,37 @@ def _fmt_ratio(point: float, lo: float, hi: float) -> str:
 
 def orderings_table(frame: pd.DataFrame, provenance: Sequence[str] = (), claims: Sequence[Claim] | None = None):
     """The 'orderings' table: a section per block, a row per claim × bench × comparison (claims in the
-    order of ``claims``, by default the declared ones)."""
+    order of ``claims``, by default the declared ones). Only claims the block's records can test get rows;
+    a note counts the others per block (the CSV keeps every row, 'no data' ones included)."""
     from specbench.analysis.report.table import Cell, Table, bench_label, block_label
 
     claims = load_claims() if claims is None else claims
 
     columns = ["Claim", "Bench", "A", "B", "Metric", "n (conv.)", "A / B [95% CI]", "Claimed", "Verdict"]
-    sections = []
+    sections, untested = [], []
     for (target, temp), block in frame.groupby(["target", "temperature"], sort=True):
         rows = []
         order = {c.text: i for i, c in enumerate(claims)}
-        block = block.assign(_c=block.claim.map(lambda c: order.get(c, len(order))),
-                             _b=block.bench.map(lambda b: (b == ALL, b)))
+        tested = block[block.verdict != "no data"]
+        if without := block.claim.nunique() - tested.claim.nunique():
+            untested.append(f"{block_label((target, temp))}: {without} of {block.claim.nunique()}")
+        block = tested.assign(_c=tested.claim.map(lambda c: order.get(c, len(order))),
+                              _b=tested.bench.map(lambda b: (b == ALL, b)))
+        if block.empty:
+            continue
         for r in block.sort_values(["_c", "_b", "a", "b"], kind="stable").itertuples():
             claimed = f"{r.direction} {r.threshold:g}"
             rows.append([Cell(r.claim), Cell(bench_label(r.bench) if r.bench not in ("", ALL) else r.bench or "—"),
                          Cell(r.a or "—"), Cell(r.b or "—"), Cell(paired.METRIC_LABELS.get(r.metric, r.metric)),
-                         Cell(str(r.n)), Cell(_fmt_ratio(r.ratio, r.ratio_lo, r.ratio_hi)), Cell(claimed),
+                         Cell(str(r.n)),
+                         Cell(_fmt_ratio(r.ratio, r.ratio_lo, r.ratio_hi), False, _fmt_ratio(r.ratio, math.nan, math.nan)),
+                         Cell(claimed),
                          Cell(r.verdict, r.verdict in ("holds", "reversed"))])
         sections.append((block_label((target, temp)), rows))
     notes = [f"Verdict from a paired bootstrap over conversations ({paired.REPS} resamples, seed {paired.SEED}, "
              f"{paired.LEVEL:.0%} percentile interval of A / B): holds = the whole interval on the claimed side of "
              "the threshold, reversed = the whole interval on the other side, inconclusive = it straddles it or "
-             f"fewer than {paired.MIN_UNITS} conversations pair; no data = the records hold no side the claim names",
+             f"fewer than {paired.MIN_UNITS} conversations pair",
              "Pairs: the same conversation of A and B (the turns both ran, summed per conversation, so MT-Bench's "
              "two turns are resampled together), inside the files that hold both sides (each speedup against "
              "its own file's vanilla), else across files of the same block by prompt id and turn; n = paired "
@@ -275,7 +283,12 @@ def orderings_table(frame: pd.DataFrame, provenance: Sequence[str] = (), claims:
              "Monotone claims hold A = the next larger budget against B = the smaller; stream claims hold a "
              "side's last quarter of the stream (by query index) against its first quarter, resampled apart "
              "(there n = queries per quarter)"]
-    notes += [f"{c.text}: {c.source}" for c in claims]
+    if untested:  # listed claims only: the rest are counted, not printed as rows of dashes
+        notes.append("Only the claims these records can test are listed; claims without data (the records hold no "
+                     "side they name, or no pair of them): " + "; ".join(untested) + " (orderings_table.csv has them "
+                     "as 'no data')")
+    listed = set(frame.claim[frame.verdict != "no data"])
+    notes += [f"{c.text}: {c.source}" for c in claims if c.text in listed]
     data = frame.assign(temperature=frame.temperature.map(lambda t: f"{t:g}"))
     return Table("orderings_table", "Orderings: do the papers' claims hold in these records?", columns, [],
                  sections, data, notes, list(provenance), align="lllllrrll")

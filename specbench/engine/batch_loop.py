@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
 from specbench.divergence import TopLogits, top_rows
-from specbench.engine import interrupt
+from specbench.engine import MAX_BATCH, interrupt
 from specbench.engine.batch_target import BatchTarget
 from specbench.engine.drafter import DecodeState, Drafter, VerifyResult
 from specbench.engine.loop import GenerationConfig, _count_depths, _generator, _truncate
@@ -45,8 +45,6 @@ from specbench.engine.verify import sample_token, walk
 from specbench.errors import SpecbenchError
 from specbench.records import GenerationRecord
 
-MAX_BATCH = 256  # requests decoded together; more is a typo on any machine we time
-
 
 @dataclass(frozen=True)
 class BatchConfig:
@@ -55,7 +53,7 @@ class BatchConfig:
 
     def __post_init__(self) -> None:
         if not 1 <= self.size <= MAX_BATCH:
-            raise SpecbenchError(f"--batch-size must be between 1 and {MAX_BATCH} (got {self.size})")
+            raise SpecbenchError(f"--batch-size must be in [1, {MAX_BATCH}] (got {self.size})")
 
 
 @dataclass(eq=False)
@@ -268,6 +266,7 @@ def _record(a: _Active, extra: dict, clock: int, batch: BatchConfig, drafter: Dr
                "batched_drafting": bool(drafter.batched_drafting)},
     )
     record.top_logits = TopLogits.from_rows(a.tops, len(new_tokens)) if a.tops is not None else None  # not written
+    record.prompt_ids = a.state.tokens[: a.state.prompt_len]  # not written either: a flip's re-scoring (rescore.py)
     return record
 
 

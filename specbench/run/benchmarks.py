@@ -92,11 +92,34 @@ def get_card(name: str) -> BenchmarkCard:
 # ---------------------------------------------------------------- where to look
 
 def data_dir(explicit: str | Path | None = None) -> Path | None:
-    """The data dir: the explicit one, else $SPECBENCH_DATA, else None."""
+    """The data dir: the explicit one, else $SPECBENCH_DATA (which must name a folder: anything else would
+    send every bench on to the Hub, slowly and without saying why), else None."""
     if explicit:
         return Path(explicit).expanduser()
     env = os.environ.get(DATA_ENV)
-    return Path(env).expanduser() if env else None
+    if not env:
+        return None
+    folder = Path(env).expanduser()
+    if not folder.is_dir():
+        raise SpecbenchError(f"{DATA_ENV}={env} is {what_is(folder)}, not a folder; point it at the folder holding "
+                             "the benchmark JSONL files, or unset it")
+    return folder
+
+
+def what_is(path: Path) -> str:
+    """What stands at ``path``, in a user's words: 'a folder', 'a FIFO', 'nothing', ..."""
+    import stat
+
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return "a link to nothing" if path.is_symlink() else "nothing (it does not exist)"
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISREG, "a file")):
+        if test(mode):
+            return name
+    return "not a regular file"
 
 
 _data_dir = data_dir  # parameters below are named data_dir too
@@ -354,7 +377,7 @@ def _load_card(card: BenchmarkCard, root: Path | None, hub_path: str | Path | No
 
 def _load_custom(path: Path) -> list[Prompt]:
     if not path.is_file():
-        raise SpecbenchError(f"prompt file {path} does not exist; pass a .jsonl file or a bench name")
+        raise SpecbenchError(f"prompt file {path} is {what_is(path)}; pass a .jsonl file or a bench name")
     prompts = _read_jsonl(path, path.stem)
     if not prompts:
         raise SpecbenchError(f"prompt file {path} has no prompts; add lines like {{\"id\": \"1\", \"turns\": [\"...\"]}}")
@@ -370,12 +393,35 @@ CATEGORY_GROUPS = {"spec_bench": {"mt_bench": ("writing", "roleplay", "reasoning
 def _filter_category(prompts: list[Prompt], key: str | None, category: str, bench: str) -> list[Prompt]:
     if key is None:
         raise SpecbenchError(f"bench {bench!r} has no categories; drop --category")
-    wanted = CATEGORY_GROUPS.get(bench, {}).get(category, (category,))
-    kept = [p for p in prompts if str(p.meta.get(key)) in wanted]
+    wanted = set(CATEGORY_GROUPS.get(bench, {}).get(category, (category,)))
+    kept = [p for p in prompts if wanted & set(categories_of(p.meta.get(key)))]
     if not kept:
-        valid = sorted({str(p.meta[key]) for p in prompts if key in p.meta} | set(CATEGORY_GROUPS.get(bench, {})))
-        raise SpecbenchError(f"unknown category {category!r} for bench {bench!r}; valid: {', '.join(valid)}")
+        valid = sorted({c for p in prompts for c in categories_of(p.meta.get(key))} | set(CATEGORY_GROUPS.get(bench, {})))
+        shown = ", ".join(valid) if valid else f"none (no prompt has meta.{key})"
+        raise SpecbenchError(f"unknown category {category!r} for bench {bench!r}; valid: {shown}")
     return kept
+
+
+def categories_of(value: Any) -> list[str]:
+    """A prompt's categories: its meta value, or each item where the value is a list (a prompt may be in
+    several); none where it has no value."""
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [str(v) for v in value]
+    return [str(value)]
+
+
+def _card_or_path(name: str) -> BenchmarkCard:
+    """The bench's card; a name that is no bench but a path (a folder, a FIFO, a .json file) says what it is."""
+    try:
+        return get_card(name)
+    except SpecbenchError:
+        path = Path(name).expanduser()
+        if "/" in name or path.exists() or path.is_symlink():
+            raise SpecbenchError(f"--bench {name} is {what_is(path)}, not a bench name (`specbench list benches`) "
+                                 "or a .jsonl prompt file") from None
+        raise
 
 
 def _check_count(name: str, value: int | None) -> None:
@@ -393,7 +439,7 @@ def load_benchmark(name_or_path: str, data_dir: str | Path | None = None, *, lim
         path = Path(name_or_path).expanduser()
         prompts, bench, category_key = _load_custom(path), path.stem, "category"  # no card: meta.category
     else:
-        card = get_card(name_or_path)
+        card = _card_or_path(str(name_or_path))
         prompts, expected = _load_card(card, _data_dir(data_dir), hub_path)
         _check_unique_ids(prompts, f"bench {card.name}")
         if len(prompts) != expected:

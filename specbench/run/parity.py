@@ -29,6 +29,7 @@ from specbench.engine.drafter import Drafter
 from specbench.engine.registry import available_methods, entry_points, method_class, parse_options
 from specbench.errors import SpecbenchError, installed_version, unknown_name_error
 from specbench.engine.timing import synchronize
+from specbench.run.run_config import ParityConfig  # noqa: F401  (also imported from here)
 from specbench.run.snapshots import Repository
 
 ENTRY_POINT_GROUP = "specbench.parity"
@@ -124,25 +125,6 @@ def package_version(dist: str, install_hint: str = "pip install 'specbench[parit
 
 
 # ---- one run ----------------------------------------------------------------------------------
-@dataclass
-class ParityConfig:
-    method: str  # a parity row: a method name, or METHOD-WHAT for a method's second reference
-    bench: str = "humaneval"
-    limit: int = 12
-    max_new_tokens: int = 128
-    target: str = "smollm2-135m"
-    device: str = "cpu"
-    dtype: str = "float32"
-    options: dict = field(default_factory=dict)
-    data_dir: str | None = None
-    out: str | None = None
-    reference_src: str | None = None  # a snapshot of the authors' repository (references that import one)
-
-    @property
-    def on_gpu(self) -> bool:
-        return str(self.device).startswith("cuda")
-
-
 def results_root(on_gpu: bool) -> Path:
     """CPU runs go to results/, GPU runs to results/gpu/ (tables beside them: reports/ or results/gpu/)."""
     return Path("results/gpu") if on_gpu else Path("results")
@@ -155,14 +137,6 @@ def table_dir(on_gpu: bool) -> Path:
 def default_out(cfg: ParityConfig) -> Path:
     target = Path(cfg.target).name.replace(".gguf", "")
     return results_root(cfg.on_gpu) / "parity" / f"{cfg.method}_{Path(cfg.bench).stem}_{target}.jsonl"
-
-
-def _validate(cfg: ParityConfig) -> None:
-    if cfg.limit < 1:
-        raise SpecbenchError(f"--limit must be >= 1 (got {cfg.limit})")
-    if cfg.max_new_tokens < 2:
-        raise SpecbenchError(f"--max-new-tokens must be >= 2 (got {cfg.max_new_tokens}): the first token comes "
-                             "from the prefill, decoding starts at the second")
 
 
 def decode_seconds_of(record) -> float:
@@ -209,7 +183,10 @@ def run_parity(cfg: ParityConfig, progress=None) -> Path:
     from specbench.engine.target import Target
     from specbench.engine.verify import SamplingParams
 
-    _validate(cfg)
+    from specbench import commands
+    from specbench.options import validate
+
+    validate(cfg, "parity", commands.label(ParityConfig))  # its declaration: ranges, checks, conflicts
     reference = reference_for(cfg.method)
     if getattr(reference, "unavailable", None):
         raise SpecbenchError(f"{cfg.method} has no parity row: {reference.unavailable}")

@@ -9,8 +9,10 @@ same file with the variant's method options and bench settings laid over it.
 
 ``build_plan`` turns a preset and a target into one ``RunConfig`` per bench x temperature (plus, for each
 other attention implementation the preset's ``baseline_attn`` names, a run per bench x temperature of
-vanilla and of the methods whose ``attn`` lists it), without loading any model; ``format_plan`` prints it
-(``--dry-run``); ``execute`` writes the framed prompt files and runs each config through ``Runner``.
+vanilla and of the methods whose ``attn`` lists it), without loading any model: each config holds its
+sides (``specbench.sides.Side``) and its selected, framed prompts as data; ``format_plan`` prints it
+(``--dry-run``); ``execute`` runs each config through ``Runner``. `specbench reproduce` is declared once,
+as ``ReproduceConfig`` (`specbench run --preset` takes the same flags).
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import jsonlines
 import numpy as np
 import yaml
 
@@ -28,11 +29,22 @@ from specbench.run.benchmarks import Prompt, load_benchmark
 from specbench.engine.registry import available_methods, method_class
 from specbench.errors import SpecbenchError, unknown_name_error
 from specbench.run.plugin_files import declared_paths
+from specbench.run.run_config import ReproduceConfig
 from specbench.run.runner import BASELINE, RunConfig
+from specbench.sides import Side
 
 PRESETS_GROUP = "specbench.presets"  # entry points naming folders of preset *.yaml files
 _ENTRY_META = ("source", "train", "revision", "note")  # drafter-entry keys that are not method options
 ATTN_TAGS = {"flash_attention_2": "fa2", "flash_attention_3": "fa3", "eager": "eager"}  # label suffixes
+
+
+# ------------------------------------------------------------------------------------------- the command
+
+def plan_for(cfg: ReproduceConfig) -> "Plan":
+    return build_plan(cfg.preset, cfg.target, limit=cfg.limit, out_dir=cfg.out_dir or Path("results") / cfg.preset,
+                      drafters=cfg.drafter, device=cfg.device, dtype=cfg.dtype, max_new_tokens=cfg.max_new_tokens,
+                      data_dir=cfg.data_dir, target_revision=cfg.target_revision, resume=cfg.resume,
+                      overwrite=cfg.overwrite)
 
 
 # ------------------------------------------------------------------------------------------- loading
@@ -130,10 +142,12 @@ class BenchPlan:
 
 @dataclass(frozen=True)
 class SidePlan:
-    label: str
-    method: str
-    options: dict
+    side: Side
     source: str
+
+    @property
+    def label(self) -> str:
+        return self.side.label
 
 
 @dataclass
@@ -142,7 +156,6 @@ class RunPlan:
     bench: str
     temperature: float
     sides: list[SidePlan]
-    prompt_file: Path
 
 
 @dataclass
@@ -266,13 +279,6 @@ def drafter_option(name: str) -> str:
     return options[-1] if options else "path"
 
 
-def _options_text(value) -> str:
-    text = str(value).lower() if isinstance(value, bool) else str(value)
-    if "@" in text:
-        raise SpecbenchError(f"option value {text!r} contains '@'; give a revision with revision= instead")
-    return text
-
-
 def _drafter_options(entry: dict, names: list[str]) -> tuple[dict, str | None]:
     """Method options from the target's drafter entries, or (_, how to get the missing drafter)."""
     options: dict = {}
@@ -319,15 +325,10 @@ def _side_plans(method: dict, bench: str, target_id: str) -> list[SidePlan]:
             options.update(o["options"])
             source += f"; {o.get('source', '')}"
     if not method.get("sweep"):
-        return [SidePlan(method["label"], method["method"], options, source)]
+        return [SidePlan(Side(method["method"], options, method["label"]), source)]
     key, _, values = method["sweep"].partition("=")
-    return [SidePlan(f"{method['label']}@{key}={v}", method["method"], {**options, key: v}, source)
+    return [SidePlan(Side(method["method"], {**options, key: v}, method["label"], (key,)), source)
             for v in values.split(",")]
-
-
-def _also_spec(side: SidePlan) -> str:
-    pairs = "".join(f"@{k}={_options_text(v)}" for k, v in side.options.items())
-    return f"{side.method}{pairs}@label={side.label}"
 
 
 def _supported(field_name: str) -> bool:
@@ -375,37 +376,32 @@ def build_plan(name: str, target: str, *, limit: int | None = None, out_dir: str
             continue
         sides = [s for m in runnable for s in _side_plans(m, bench.bench, entry["id"])]
         all_sides += [s for s in sides if s.label not in {a.label for a in all_sides}]
-        prompt_file = out / "prompts" / name / f"{bench.bench}.jsonl"
         for temp in temperatures:
             common = dict(target=target, dtype=dtype or preset.get("dtype", "bfloat16"), device=device,
-                          temperature=temp, max_new_tokens=new_tokens, bench=str(prompt_file), resume=resume,
-                          overwrite=overwrite, preset=name, **extra)
+                          temperature=temp, max_new_tokens=new_tokens, bench=bench.bench, prompts=bench.prompts,
+                          resume=resume, overwrite=overwrite, preset=name, **extra)
             stem = f"{name}_{bench.bench}_{target_name}_T{temp:g}"
             if sides:
-                main, *rest = sides
-                cfg = RunConfig(method=main.method, options={k: _options_text(v) for k, v in main.options.items()},
-                                label=main.label, also=[_also_spec(s) for s in rest], out=str(out / f"{stem}.jsonl"),
-                                **common)
-                runs.append(RunPlan(cfg, bench.bench, temp, sides, prompt_file))
+                cfg = RunConfig(sides=[s.side for s in sides], out=str(out / f"{stem}.jsonl"), **common)
+                runs.append(RunPlan(cfg, bench.bench, temp, sides))
             for attn in preset.get("baseline_attn") or []:
                 if attn == "sdpa" and sides:
                     continue  # the run above already holds the SDPA vanilla side
                 # Methods the paper also times under this attention (``attn`` in the method entry) run beside
-                # vanilla in one file, labelled <label>-<attn> so the report keeps them apart from the SDPA rows.
-                also_here = [dataclasses.replace(s, label=f"{s.label}-{ATTN_TAGS.get(attn, attn)}")
+                # vanilla in one file, named <label>-<attn> so the report keeps them apart from the SDPA rows.
+                also_here = [SidePlan(dataclasses.replace(s.side, name=f"{s.side.stem}-{ATTN_TAGS.get(attn, attn)}"),
+                                      s.source)
                              for m in runnable if attn in (m.get("attn") or ["sdpa"])
                              for s in _side_plans(m, bench.bench, entry["id"])]
                 all_sides += [s for s in also_here if s.label not in {a.label for a in all_sides}]
                 if also_here:
-                    main, *rest = also_here
-                    cfg = RunConfig(method=main.method, options={k: _options_text(v) for k, v in main.options.items()},
-                                    label=main.label, also=[_also_spec(s) for s in rest], attn_implementation=attn,
+                    cfg = RunConfig(sides=[s.side for s in also_here], attn_implementation=attn,
                                     out=str(out / f"{stem}_{attn}.jsonl"), **common)
-                    runs.append(RunPlan(cfg, bench.bench, temp, also_here, prompt_file))
+                    runs.append(RunPlan(cfg, bench.bench, temp, also_here))
                     continue
-                cfg = RunConfig(method=BASELINE, baseline="none", attn_implementation=attn,
+                cfg = RunConfig(sides=[Side(BASELINE)], baseline="none", attn_implementation=attn,
                                 out=str(out / f"{stem}_vanilla-{attn}.jsonl"), **common)
-                runs.append(RunPlan(cfg, bench.bench, temp, [SidePlan(BASELINE, BASELINE, {}, "")], prompt_file))
+                runs.append(RunPlan(cfg, bench.bench, temp, [SidePlan(Side(BASELINE), "")]))
     return Plan(preset, target, entry, benches, all_sides, skipped, runs, new_tokens, temperatures, notes)
 
 
@@ -415,30 +411,31 @@ def _fmt_options(options: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in options.items()) or "(defaults)"
 
 
-def estimated_forwards(plan: Plan, run: RunPlan) -> list[tuple[str, int, float | None]]:
-    """(side label, upper bound on decode target forwards, expected with the paper's tau or None) per side.
+def estimated_forwards(plan: Plan, run: RunPlan) -> list[tuple[str, str, int, float | None]]:
+    """(side's stem, side's label, upper bound on decode target forwards, expected with the paper's tau or None)
+    per side.
     Upper bound: every turn runs to max_new_tokens and each forward commits one token (tau = 1)."""
     bench = next(b for b in plan.benches if b.bench == run.bench)
     upper = bench.turns * plan.max_new_tokens
     taus = (plan.target_entry.get("paper_tau") or {}).get(f"{run.temperature:.1f}", {})
     rows = []
-    sides = run.sides + ([SidePlan(BASELINE, BASELINE, {}, "")] if run.cfg.baseline == BASELINE else [])
+    sides = [s.side for s in run.sides] + ([Side(BASELINE)] if run.cfg.baseline == BASELINE else [])
     for side in sides:
-        tau = taus.get(side.label.split("@")[0])
-        rows.append((side.label, upper, upper / tau if tau else None))
+        tau = taus.get(side.stem)
+        rows.append((side.stem, side.label, upper, upper / tau if tau else None))
     return rows
 
 
 def _grouped(sides: list[SidePlan]) -> list[tuple[str, list[SidePlan]]]:
-    """Sides grouped by label before '@' (a sweep's sides share one), in order."""
+    """Sides grouped by their label's stem (a sweep's sides share one), in order."""
     groups: dict[str, list[SidePlan]] = {}
     for s in sides:
-        groups.setdefault(s.label.split("@")[0], []).append(s)
+        groups.setdefault(s.side.stem, []).append(s)
     return list(groups.items())
 
 
 def _swept_key(group: list[SidePlan]) -> str | None:
-    return group[0].label.split("@", 1)[1].split("=")[0] if len(group) > 1 and "@" in group[0].label else None
+    return group[0].side.shown[0] if len(group) > 1 and group[0].side.shown else None
 
 
 def format_plan(plan: Plan) -> str:
@@ -469,10 +466,10 @@ def format_plan(plan: Plan) -> str:
         lines += [f"    note: {n}" for n in b.notes]
     lines.append("methods:")
     for base, group in _grouped(plan.sides):
-        swept = _swept_key(group)
-        opts = {k: ("|".join(str(s.options[k]) for s in group) if k == swept else v) for k, v in group[0].options.items()}
+        swept, first = _swept_key(group), group[0].side
+        opts = {k: ("|".join(str(s.side.options[k]) for s in group) if k == swept else v) for k, v in first.options.items()}
         name = f"{base}@{swept}=*" if swept else base
-        lines.append(f"  {name}: {group[0].method} {_fmt_options(opts)}  [{group[0].source}]")
+        lines.append(f"  {name}: {first.method} {_fmt_options(opts)}  [{group[0].source}]")
     for d_name, d in plan.target_entry.get("drafters", {}).items():
         if d.get("train") and not {k for k in d if k not in _ENTRY_META}:
             continue
@@ -487,12 +484,12 @@ def format_plan(plan: Plan) -> str:
         attn = f" attn={run.cfg.attn_implementation}" if run.cfg.attn_implementation != "sdpa" else ""
         lines.append(f"  {run.cfg.out}  ({run.bench}, T={run.temperature:g}{attn}, baseline {run.cfg.baseline})")
         estimates = estimated_forwards(plan, run)
-        for label, upper, expected in estimates:
+        for _, _, upper, expected in estimates:
             total_upper += upper
             total_expected += expected if expected else upper
         by_base: dict[str, list] = {}
-        for label, upper, expected in estimates:
-            by_base.setdefault(label.split("@")[0], []).append((upper, expected))
+        for stem, _, upper, expected in estimates:
+            by_base.setdefault(stem, []).append((upper, expected))
         for base, rows in by_base.items():
             upper, expected = rows[0]
             each = f" ({len(rows)} sides, each)" if len(rows) > 1 else ""
@@ -508,24 +505,12 @@ def format_plan(plan: Plan) -> str:
 
 # ------------------------------------------------------------------------------------------- running
 
-def write_prompt_file(bench: BenchPlan, path: Path) -> None:
-    """The selected, framed prompts as a specbench JSONL prompt file (its stem names the bench)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with jsonlines.open(path, mode="w") as writer:
-        for p in bench.prompts:
-            writer.write({"id": p.id, "turns": p.turns, "reference": p.reference, "meta": p.meta})
-
-
 def execute(plan: Plan, console) -> list[Path]:
     """Run every planned config as an ordinary `specbench run`; returns the results files."""
     from specbench.run.runner import Runner, summary_table
 
-    written = set()
     outs = []
     for run in plan.runs:
-        if run.prompt_file not in written:
-            write_prompt_file(next(b for b in plan.benches if b.bench == run.bench), run.prompt_file)
-            written.add(run.prompt_file)
         runner = Runner(run.cfg, console)
         records = runner.run()
         console.print(summary_table(records, run.temperature))

@@ -31,6 +31,15 @@ def config_hash(config: dict) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
+def _same_older_run(meta: dict, expected_hash: str | None) -> bool:
+    """A file written before runs recorded their sides as data, by the configuration whose hash is
+    ``expected_hash`` today (``run_config.identity_of_header``)."""
+    from specbench.run.run_config import identity_of_header
+
+    ident = identity_of_header(meta)
+    return ident is not None and config_hash(ident) == expected_hash
+
+
 # What a run writes (records, tables, training runs) is not code: a tree whose only changes are there still ran the
 # committed code, so neither the dirty mark nor the diff hash looks at them.
 OUTPUTS = ("results", "reports", "runs")
@@ -259,7 +268,7 @@ class RunStore:
             raise SpecbenchError(f"{path} has no header line; it is not a specbench results file "
                                  "(pass a new --out, or --overwrite to replace it)")
         theirs = content.meta.get("config_hash")
-        if theirs != expected_hash:
+        if theirs != expected_hash and not _same_older_run(content.meta, expected_hash):
             raise SpecbenchError(f"{path} was written by a different configuration (config {theirs}, now "
                                  f"{expected_hash}); rerun with the same options or write to a new --out")
         return content

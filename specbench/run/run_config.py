@@ -1,65 +1,38 @@
-"""What one `specbench run` is: ``RunConfig``, whose fields are also the command's flags.
+"""The run commands, each declared once: what one `specbench run` is (``RunConfig``, whose fields are also
+the command's flags, and ``SideFlags``, how the command line writes the run's sides; ``PresetFlags`` sends it
+to a preset instead), `specbench reproduce` (``ReproduceConfig``) and `specbench parity` (``ParityConfig``).
 
-Each field that the command line sets is made with ``flag()``: its library default, its help text and,
-where the command line differs from the library, the flag's spelling, its default (``auto`` where the
-library picks a fixed value), its type and how the flag's value becomes the field's. `specbench run`
-builds its Typer parameters from these fields (``run_flags``) and its RunConfig back from the parsed
-flags (``config_values``), so a flag is declared once, here.
+Every field is declared once with ``specbench.options.option``: its default, help, range or choices, the
+checks no type can say (a dtype, a data folder, a chat template), the fields it cannot be set with and,
+where the command line differs from the library, the flag's spelling, default (``auto`` where the library
+picks a fixed value), type and conversion. Each command is built from its declarations
+(``specbench.commands``), and ``specbench.options.validate`` enforces them, one line per error, before
+anything loads. A run's methods are ``sides`` (``specbench.sides.Side``: method, options, label), built by
+the command line from ``SideFlags`` or by a paper preset directly.
 
-Kept free of torch so that `specbench --help` stays fast (the runner imports this module).
+Kept free of torch so that `specbench --help` stays fast (the command line builds its commands from here).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import typing
-from dataclasses import asdict, dataclass, field
+import hashlib
+import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Literal, Optional
 
-from specbench.engine import VANILLA as BASELINE
+from specbench import commands
+from specbench.engine import DEFAULT_TARGET, MAX_BATCH, VANILLA as BASELINE
+from specbench.options import internal, option, validate as validate_options
+from specbench.errors import SpecbenchError
+from specbench.sides import Side, recorded_sides
 
-# The embedded default target (specbench.engine.target.DEFAULT_TARGET, which imports torch; a test
-# checks they agree).
-DEFAULT_TARGET = "smollm2-135m"
-
-class _Same:
-    """The command line uses the library's default / type."""
-
-    def __repr__(self) -> str:
-        return "SAME"
-
-
-_SAME: Any = _Same()
-
-
-@dataclass(frozen=True)
-class Flag:
-    """How `specbench run` spells one RunConfig field."""
-
-    help: str
-    names: tuple[str, ...] = ()  # e.g. ("--method", "-m"); empty: --field-name
-    cli_default: Any = _SAME  # the command line's default where it differs from the library's
-    cli_type: Any = _SAME  # the command line's type where it differs (a Path, key=value strings)
-    convert: Optional[Callable[[Any], Any]] = None  # flag value -> field value
-
-
-REQUIRED: Any = dataclasses.MISSING  # a field with no library default
-
-
-def flag(default: Any, help: str, *names: str, cli_default: Any = _SAME, cli_type: Any = _SAME,
-         convert: Optional[Callable[[Any], Any]] = None) -> Any:
-    """A RunConfig field that `specbench run` sets from a flag (see the module docstring)."""
-    metadata = {"flag": Flag(help, names, cli_default, cli_type, convert)}
-    if default is REQUIRED:
-        return field(metadata=metadata)
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata=metadata)
-    return field(default=default, metadata=metadata)
-
-
-def _path_text(value: Optional[Path]) -> Optional[str]:
-    return str(value) if value is not None else None
+MAX_PASSES = 1000  # a stream is materialised in memory; more passes than this is a typo
+# The checks that need more than the declaration (torch, the prompt loaders) are "module:function" references,
+# imported when a value is checked (specbench.options).
+DTYPE = "specbench.engine.target:check_dtype"
+DEVICE = "specbench.engine.devices:resolve_device"
+DATA_FOLDER = "specbench.run.benchmarks:check_data_dir_option"
 
 
 def _template_kwargs(items: list[str]) -> dict:
@@ -68,128 +41,256 @@ def _template_kwargs(items: list[str]) -> dict:
     return parse_template_kwargs(list(items))
 
 
+def _method_options(items: list[str]) -> dict:
+    from specbench.sides import parse_opts
+
+    return parse_opts(list(items))
+
+
+def _chat_kwargs(kwargs: dict) -> None:
+    from specbench.engine.prompts import ChatFormat
+
+    ChatFormat("auto", kwargs)
+
+
+@dataclass
+class SideFlags:
+    """The flags that name a run's sides; ``specbench.sides.cli_sides`` turns them into ``Side`` objects
+    (--method and --bench are optional on the command line because --preset may stand in for them)."""
+
+    method: Optional[str] = option(None, "Method name (see `specbench list methods`).", flag=("--method", "-m"))
+    opt: list[str] = option([], "Method option key=value (repeatable).", flag="--opt")
+    config: Optional[str] = option(None, "YAML/JSON file of method options.", cli_type=Optional[Path],
+                                   convert=commands.path_text)
+    label: Optional[str] = option(None, "Method label in records and tables (default: method name).")
+    sweep: Optional[str] = option(None, "key=v1,v2,...: one side per value, labelled METHOD@key=v.")
+    also: list[str] = option([], "Another method in the same run: name or name@key=value[@key=value] "
+                                 "(repeatable; @label=LABEL names it).", flag="--also")
+
+
+@dataclass
+class PresetFlags:
+    """`specbench run --preset NAME` runs a paper preset instead: it takes the flags `specbench reproduce`
+    declares (``ReproduceConfig``; --out is its folder) and refuses the others."""
+
+    preset: Optional[str] = option(None, "Run a paper preset instead (= `specbench reproduce PRESET`; --out is its "
+                                         "folder).")
+    dry_run: bool = option(False, "With --preset: print the plan, load no model.")
+
+
 @dataclass
 class RunConfig:
-    # method and bench are required in code; on the command line --preset may stand in for them.
-    method: str = flag(REQUIRED, "Method name (see `specbench list methods`).", "--method", "-m",
-                       cli_default=None, cli_type=Optional[str])
-    bench: str = flag(REQUIRED, "Benchmark name or a .jsonl file.", "--bench", "-b", cli_default=None,
-                      cli_type=Optional[str])
-    target: str = flag(DEFAULT_TARGET, "Target: smollm2-135m, a .gguf file, a model folder or a hub id "
-                       "org/name or org/name@REVISION.")
-    temperature: float = flag(0.0, "0 = greedy; > 0 samples (lossless either way).")
-    top_k: int = flag(0, "Top-k filter at T > 0 (0 = off).")
-    top_p: float = flag(1.0, "Top-p filter at T > 0 (1 = off).")
-    max_new_tokens: int = flag(128, "New tokens per turn (cut at EOS).")
-    limit: int | None = flag(None, "First N prompts.")
-    sample: int | None = flag(None, "N prompts drawn with --seed (deterministic).")
-    category: str | None = flag(None, "Category (spec_bench, mt_bench) or pair (wmt23).")
-    seed: int = flag(0, "Seed for --sample and for sampling at T > 0.")
-    baseline: str = flag(BASELINE, "vanilla (interleaved, same process) or none.")
-    out: str | None = flag(None, "Results file (default results/<method>_<bench>_<target>_T<t>.jsonl).",
-                           cli_type=Optional[Path], convert=_path_text)
-    resume: bool = flag(False, "Continue an interrupted run in --out, skipping finished turns.")
-    overwrite: bool = flag(False, "Replace an existing results file.")
-    label: str | None = flag(None, "Method label in records and tables (default: method name).")
-    dtype: str = flag("bfloat16", "auto (bfloat16 on CUDA and bf16-capable CPUs, else float32), "
-                      "float32 for exactness checks, bfloat16 for speed.", cli_default="auto")
-    device: str = flag("cpu", "auto (cuda if available, else cpu), cpu, cuda or cuda:N.", cli_default="auto")
-    # "auto": accelerate spreads the target over the visible GPUs
-    device_map: str | None = flag(None, "auto: spread a target larger than one GPU over the visible "
-                                  "GPUs with accelerate (one process; on CPU a pass-through).")
-    attn_implementation: str = flag("sdpa", "Target attention: sdpa, eager, or flash (flash-attn for prefill and "
-                                    "chain verifies, SDPA for trees; CUDA only).", "--attn")
-    data_dir: str | None = flag(None, "Folder of benchmark JSONL files (else $SPECBENCH_DATA).")
-    system_prompt: str | None = flag(None, "System prompt for the chat template.")
-    on_long_prompt: str = flag("skip", "skip (with a warning) or fail on prompts past the context.")
-    warmup: bool = flag(True, "Run and discard one short generation per side first.")
-    sweep: str | None = flag(None, "key=v1,v2,...: one side per value, labelled METHOD@key=v.")
-    # more sides: "name" or "name@key=value@key=value"
-    also: list[str] = flag([], "Another method in the same run: name or name@key=value[@key=value] (repeatable).",
-                           "--also")
+    sides: list[Side] = internal()  # the methods, in order, without the baseline
+    bench: str = option(help="Benchmark name or a .jsonl file.", flag=("--bench", "-b"), cli_default=None,
+                        cli_type=Optional[str])
+    target: str = option(DEFAULT_TARGET, f"Target: {DEFAULT_TARGET}, a .gguf file, a model folder or a hub id "
+                         "org/name or org/name@REVISION.")
+    temperature: float = option(0.0, "0 = greedy; > 0 samples (lossless either way).", ge=0, note="0 is greedy")
+    top_k: int = option(0, "Top-k filter at T > 0 (0 = off).", ge=0)
+    top_p: float = option(1.0, "Top-p filter at T > 0 (1 = off).", gt=0, le=1)
+    max_new_tokens: int = option(128, "New tokens per turn (cut at EOS).", ge=1, tokens=True)
+    limit: Optional[int] = option(None, "First N prompts.", ge=1, note="omit it to run every prompt")
+    sample: Optional[int] = option(None, "N prompts drawn with --seed (deterministic).", ge=1)
+    category: Optional[str] = option(None, "Category (spec_bench, mt_bench) or pair (wmt23).")
+    seed: int = option(0, "Seed for --sample and for sampling at T > 0.")
+    baseline: Literal[BASELINE, "none"] = option(BASELINE, "vanilla (interleaved, same process) or none.")
+    out: Optional[str] = option(None, "Results file (default results/<method>_<bench>_<target>_T<t>.jsonl).",
+                                cli_type=Optional[Path], convert=commands.path_text)
+    resume: bool = option(False, "Continue an interrupted run in --out, skipping finished turns.", excludes="overwrite")
+    overwrite: bool = option(False, "Replace an existing results file.")
+    dtype: str = option("bfloat16", "auto (bfloat16 on CUDA and bf16-capable CPUs, else float32), "
+                        "float32 for exactness checks, bfloat16 for speed.", cli_default="auto", check=DTYPE)
+    device: str = option("cpu", "auto (cuda if available, else cpu), cpu, cuda or cuda:N.", cli_default="auto",
+                         check=DEVICE)
+    # accelerate's placement strategies: "auto" spreads the target over the visible GPUs
+    device_map: Optional[Literal["auto", "balanced", "balanced_low_0", "sequential"]] = option(
+        None, "auto: spread a target larger than one GPU over the visible GPUs with accelerate (one process; on CPU "
+              "a pass-through).")
+    attn_implementation: str = option("sdpa", "Target attention: sdpa, eager, or flash (flash-attn for prefill and "
+                                      "chain verifies, SDPA for trees; CUDA only).", flag="--attn")
+    data_dir: Optional[str] = option(None, "Folder of benchmark JSONL files (else $SPECBENCH_DATA).",
+                                     check=DATA_FOLDER)
+    system_prompt: Optional[str] = option(None, "System prompt for the chat template.")
+    on_long_prompt: Literal["skip", "fail"] = option("skip", "skip (with a warning) or fail on prompts past the "
+                                                             "context.")
+    warmup: bool = option(True, "Run and discard one short generation per side first.")
     # times the query stream is repeated (learning drafters keep their state)
-    passes: int = flag(1, "Repeat the query stream N times (drafters that learn keep their state).")
+    passes: int = option(1, "Repeat the query stream N times (drafters that learn keep their state).", ge=1,
+                         le=MAX_PASSES, note="the stream is held in memory")
     # times each prompt turn is generated and timed per side (the median one is reported)
-    repeats: int = flag(1, "Generate and time each prompt turn R times per side (same tokens required); metrics "
-                        "use the median.")
+    repeats: int = option(1, "Generate and time each prompt turn R times per side (same tokens required); metrics "
+                             "use the median.", ge=1)
     # drafted nodes per verify for every side with a budget option (Drafter.budget_option)
-    budget: int | None = flag(None, "Drafted nodes per verify call for every side whose method has a "
-                              "node-budget option (`specbench list methods` names it); a side's own setting wins.")
-    # requests decoded together (engine/batch_loop.py); 1 = one at a time through engine/loop.py
-    batch_size: int = flag(1, "Requests decoded together: every side (and vanilla) decodes the stream B at a time, "
-                           "one target forward per step for all B (1 = one request at a time).")
-    continuous: bool = flag(False, "With --batch-size > 1: a finished request's slot takes the next prompt at once "
-                            "(else static batches, refilled when all B have finished).")
-    target_revision: str | None = flag(None, "Hub revision of --target (branch, tag or commit sha).")
-    chat_template: str = flag("auto", "auto (tokenizer's template; vicuna_v1.1 for Vicuna models without one), "
-                              "tokenizer, vicuna_v1.1 or plain.")  # prompts.TEMPLATES
-    chat_template_kwargs: dict = flag({}, "key=value passed to apply_chat_template, e.g. enable_thinking=false "
-                                      "(repeatable).", "--chat-template-kwargs", cli_default=[],
-                                      cli_type=list[str], convert=_template_kwargs)
-    # Set by the command from --opt/--config, or by a preset: no flag of their own.
-    options: dict = field(default_factory=dict)
-    preset: str | None = None  # the paper preset this run belongs to (written to the header; not in the hash)
-    config_file: str | None = None  # --config: an input, so never the output (not in the identity)
+    budget: Optional[int] = option(None, "Drafted nodes per verify call for every side whose method has a "
+                                         "node-budget option (`specbench list methods` names it); a side's own "
+                                         "setting wins.", ge=1, tokens=True)
+    # requests decoded together (engine/batch_loop.py); 1 = one at a time through engine/loop.py. A batch's
+    # turns share their steps, so a turn cannot be timed alone (--repeats) or re-run alone beside its twin
+    # (--check forced replays each turn through the batch-1 loop, not the batched path that was timed).
+    batch_size: int = option(1, "Requests decoded together: every side (and vanilla) decodes the stream B at a time, "
+                                "one target forward per step for all B (1 = one request at a time).", ge=1,
+                             le=MAX_BATCH, excludes=("repeats", "turn_check"))
+    continuous: bool = option(False, "With --batch-size > 1: a finished request's slot takes the next prompt at once "
+                                     "(else static batches, refilled when all B have finished).",
+                              requires="batch_size")
+    # an untimed check after each method turn (specbench/engine/forced.py)
+    turn_check: Optional[Literal["forced"]] = option(
+        None, "forced: after each method turn, an untimed pass that commits vanilla's tokens and compares every "
+              "verify row with vanilla's (needs T = 0 and the vanilla baseline).", flag="--check")
+    target_revision: Optional[str] = option(None, "Hub revision of --target (branch, tag or commit sha).")
+    chat_template: str = option("auto", "auto (tokenizer's template; vicuna_v1.1 for Vicuna models without one), "
+                                "tokenizer, vicuna_v1.1 or plain.", check="specbench.engine.prompts:ChatFormat")
+    chat_template_kwargs: dict = option({}, "key=value passed to apply_chat_template, e.g. enable_thinking=false "
+                                        "(repeatable).", flag="--chat-template-kwargs", cli_default=[],
+                                        cli_type=list[str], convert=_template_kwargs, check=_chat_kwargs)
+    # Set by code, never a flag: a paper preset's name (in the header, not in the identity), the --config
+    # file (an input, so never the output), and a preset's selected, framed prompts (then --bench names them).
+    preset: Optional[str] = internal(None)
+    config_file: Optional[str] = internal(None)
+    prompts: Optional[list] = internal(None)
 
     @property
     def method_label(self) -> str:
-        return self.label or self.method
+        """The main side's label stem: what the default results file is named after."""
+        return self.sides[0].stem
+
+    @property
+    def with_baseline(self) -> bool:
+        """A vanilla side runs beside the methods (not when the run is vanilla alone)."""
+        return self.baseline == BASELINE and self.sides[0].method != BASELINE
+
+    def check(self, owner: str) -> None:
+        """Rules that span fields."""
+        from specbench.engine import hub
+        from specbench.engine.target import named_model
+
+        if not self.sides:
+            raise SpecbenchError("a run needs at least one side (--method)")
+        if not named_model(self.target) and not self.target.endswith(".gguf"):  # a folder or a well-formed hub id
+            hub.check_reference(self.target, self.target_revision, "target")
+        elif self.target_revision:
+            raise SpecbenchError(f"--target-revision applies to hub ids; {self.target!r} is not one")
+        if self.turn_check == "forced" and (self.temperature != 0 or not self.with_baseline):
+            raise SpecbenchError("--check forced compares each method turn with vanilla's greedy turn: it needs "
+                                 f"--temperature 0, --baseline {BASELINE} and a method other than {BASELINE}")
 
     def identity(self) -> dict:
         """What determines the records (limit/sample/out/resume do not: a resume may extend a run)."""
-        keep = ("method", "bench", "options", "target", "dtype", "device", "attn_implementation", "temperature",
-                "top_k", "top_p", "max_new_tokens", "seed", "baseline", "category", "system_prompt", "sweep", "also",
-                "passes")
-        ident = {k: v for k, v in asdict(self).items() if k in keep}
-        ident["label"] = self.method_label
-        if self.device_map:  # only when set, so hashes of earlier runs stay valid
+        ident: dict[str, Any] = {k: getattr(self, k) for k in IDENTITY}
+        ident["side_specs"] = [side.header() for side in self.sides]
+        if self.device_map:  # only when set
             ident["device_map"] = self.device_map
-        # Prompt rendering and weights revisions; only when set, so earlier runs keep their hash.
+        # Prompt rendering and weights revisions; only when set.
         for key, default in (("target_revision", None), ("chat_template", "auto"), ("chat_template_kwargs", {})):
             if getattr(self, key) != default:
                 ident[key] = getattr(self, key)
-        if self.repeats != 1:  # only then, so files written before --repeats existed keep their hash
+        if self.repeats != 1:
             ident["repeats"] = self.repeats
         if self.budget is not None:
             ident["budget"] = self.budget
         if self.batch_size != 1:  # only when batched, so batch-1 runs keep their hash
             ident["batch_size"] = self.batch_size
             ident["continuous"] = self.continuous
+        if self.turn_check is not None:  # the records carry its figures
+            ident["turn_check"] = self.turn_check
+        if self.prompts is not None:  # prompts given in memory: their text is part of the experiment
+            text = json.dumps([[p.bench, p.id, p.turns] for p in self.prompts], ensure_ascii=False)
+            ident["prompts_sha256"] = hashlib.sha256(text.encode()).hexdigest()[:16]
         return ident
 
 
-def _optional(hint: Any) -> Any:
-    """``X | None`` as ``Optional[X]``, the spelling every Typer version reads."""
-    args = typing.get_args(hint)
-    if type(None) in args and len(args) == 2:
-        return Optional[next(a for a in args if a is not type(None))]
-    return hint
+def drafter_map(items: list[str]) -> dict[str, str]:
+    """``--drafter METHOD=PATH_OR_HUB_ID`` items -> {method: path}."""
+    drafters = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip() or not value.strip():
+            raise SpecbenchError(f"--drafter expects METHOD=PATH_OR_HUB_ID (got {item!r})")
+        drafters[name.strip()] = value.strip()
+    return drafters
 
 
-def run_flags() -> list[tuple[str, Any, Any, Flag]]:
-    """(field name, command-line type, command-line default, Flag) for every field that has a flag, in
-    field order."""
-    hints = typing.get_type_hints(RunConfig)
-    out = []
-    for f in dataclasses.fields(RunConfig):
-        spec = f.metadata.get("flag")
-        if spec is None:
-            continue
-        kind = _optional(hints[f.name]) if spec.cli_type is _SAME else spec.cli_type
-        if spec.cli_default is not _SAME:
-            default = spec.cli_default
-        elif f.default_factory is not dataclasses.MISSING:
-            default = f.default_factory()
-        else:
-            default = f.default
-        out.append((f.name, kind, default, spec))
-    return out
+def _method_names() -> list[str]:
+    from specbench.engine.registry import available_methods
+
+    return list(available_methods())
 
 
-def config_values(flags: dict) -> dict:
-    """RunConfig keyword arguments from the parsed flags (converted where the flag's form differs)."""
-    values = {}
-    for name, _, _, spec in run_flags():
-        value = flags[name]
-        values[name] = spec.convert(value) if spec.convert is not None else value
-    return values
+@dataclass
+class ReproduceConfig:
+    """`specbench reproduce` (and `specbench run --preset`): a published table's protocol on one target
+    (``specbench.run.preset``)."""
+
+    preset: str = option(help="Paper preset (see `specbench list presets`).", positional=True)
+    target: str = option(help="Target: a hub id (e.g. meta-llama/Llama-3.1-8B-Instruct) or a folder.")
+    limit: Optional[int] = option(None, "First N prompts of each bench after the paper's selection.", ge=1)
+    dry_run: bool = option(False, "Print the full plan (benches, counts, methods, drafters, forwards); load no model.")
+    out_dir: Optional[str] = option(None, "Folder for results files (default results/<preset>).",
+                                    cli_type=Optional[Path], convert=commands.path_text)
+    device: str = option("auto", "auto (cuda if available, else cpu), cpu, cuda or cuda:N.", check=DEVICE)
+    dtype: Optional[str] = option(None, "Override the preset's dtype.", check=DTYPE)
+    max_new_tokens: Optional[int] = option(None, "Override (or supply, where the paper states none) max new tokens.",
+                                           ge=1, tokens=True)
+    drafter: dict = option({}, "METHOD=PATH_OR_HUB_ID: a drafter for a method the preset cannot name (repeatable).",
+                           flag="--drafter", cli_default=[], cli_type=list[str], convert=drafter_map,
+                           choices=_method_names, note="not a registered method; see `specbench list methods`")
+    target_revision: Optional[str] = option(None, "Target revision (commit, tag or branch).")
+    data_dir: Optional[str] = option(None, "Folder of benchmark JSONL files (else $SPECBENCH_DATA).",
+                                     check=DATA_FOLDER)
+    resume: bool = option(False, "Continue interrupted results files.", excludes="overwrite")
+    overwrite: bool = option(False, "Replace existing results files.")
+
+
+@dataclass
+class ParityConfig:
+    """`specbench parity`: a method beside its authors' implementation (``specbench.run.parity``)."""
+
+    # a parity row: a method name, or METHOD-WHAT for a method's second reference
+    method: Optional[str] = option(None, "Method to compare with its authors' implementation.", positional=True,
+                                   excludes="all_methods")
+    all_methods: bool = option(False, "Every method with a registered reference, in turn.", flag="--all",
+                               excludes=("options", "out", "reference_src"))
+    bench: str = option("humaneval", "Benchmark name or a .jsonl file.")
+    limit: int = option(12, "First N prompts.", ge=1)
+    max_new_tokens: int = option(128, "New tokens per prompt (cut at EOS).", ge=2, tokens=True,
+                                 note="the first token comes from the prefill, decoding starts at the second")
+    target: str = option(DEFAULT_TARGET, "Target (as for `specbench run`).")
+    device: str = option("cpu", "cpu, cuda or cuda:N (cuda writes under results/gpu/).", check=DEVICE)
+    dtype: str = option("float32", "float32 (exact text) or bfloat16.", check=DTYPE)
+    options: dict = option({}, "Method option key=value, given to both sides (repeatable).", flag="--opt",
+                           cli_default=[], cli_type=list[str], convert=_method_options)
+    data_dir: Optional[str] = option(None, "Folder of benchmark JSONL files (else $SPECBENCH_DATA).", check=DATA_FOLDER)
+    out: Optional[str] = option(None, "Parity file (default results/[gpu/]parity/<method>_<bench>_<target>.jsonl).",
+                                cli_type=Optional[Path], convert=commands.path_text)
+    # a snapshot of the authors' repository (references that import one)
+    reference_src: Optional[str] = option(None, "A checkout of the authors' repository, for references imported from "
+                                                "one at run time (else each reference's environment variable, named "
+                                                "in its refusal).")
+
+    @property
+    def on_gpu(self) -> bool:
+        return str(self.device).startswith("cuda")
+
+
+# What every run's identity holds; the rest of ``RunConfig.identity`` is there only when set.
+IDENTITY = ("bench", "target", "dtype", "device", "attn_implementation", "temperature", "top_k", "top_p",
+            "max_new_tokens", "seed", "baseline", "category", "system_prompt", "passes")
+_WHEN_SET = ("device_map", "target_revision", "chat_template", "chat_template_kwargs", "repeats", "budget",
+             "turn_check")
+
+
+def identity_of_header(meta: dict) -> dict | None:
+    """The identity a header written before ``side_specs`` describes, in today's form (its sides read from
+    the command line it recorded, ``specbench.sides.recorded_sides``), so that such a run still resumes;
+    None for a header that has ``side_specs`` (its hash is today's already) or lacks a field."""
+    if "side_specs" in meta or any(k not in meta for k in IDENTITY):
+        return None
+    ident = {k: meta[k] for k in IDENTITY}
+    ident["side_specs"] = [side.header() for side in recorded_sides(meta)]
+    ident.update({k: meta[k] for k in _WHEN_SET if k in meta})
+    return ident
+
+
+def validate(cfg: RunConfig) -> RunConfig:
+    """Every field against its declaration (ranges, choices, checks, conflicts), then ``check``."""
+    return validate_options(cfg, "run", commands.label(RunConfig))

@@ -2,10 +2,10 @@
 (or a mixed stream), interleaved prompt by prompt in one process, every finished turn appended to
 a results file that a rerun resumes.
 
-Sides: the main method (or one side per value of ``--sweep key=v1,v2``, labelled ``method@key=v``)
-plus every ``--also name[@key=value...]``, plus vanilla. Each side is one drafter instance that
-lives for the whole run, so methods that learn while serving see the queries as one stream in the
-recorded order (``--passes N`` repeats it).
+Sides: ``RunConfig.sides`` (``specbench.sides.Side``: method, options, label), built by the command line
+or by a paper preset, plus vanilla. Each side is one drafter instance that lives for the whole run, so
+methods that learn while serving see the queries as one stream in the recorded order (``--passes N``
+repeats it).
 
 Under ``torchrun --nproc-per-node N`` each rank runs queries i with i % N == rank (every side of
 a query on one rank, in the same alternating order), appends to its own part file, and rank 0
@@ -18,11 +18,10 @@ alternating which side goes first per chunk."""
 from __future__ import annotations
 
 import itertools
-import math
 import warnings
 import zlib
 from collections import deque
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from rich.console import Console
@@ -34,136 +33,43 @@ from specbench.run import distributed, drafter_paths, machine_load
 from specbench import divergence, metrics
 
 from specbench.engine import hub, interrupt
-from specbench.run.benchmarks import Prompt, check_data_dir_option
+from specbench.run.benchmarks import Prompt
 from specbench.engine.devices import choose_dtype, resolve_device
 from specbench.engine.drafter import Drafter
 from specbench.engine.registry import method_class, parse_options
+from specbench.engine.forced import forced_check
 from specbench.engine.loop import GenerationConfig, generate, generate_turns
-from specbench.engine.batch_loop import MAX_BATCH, BatchConfig, BatchRequest, generate_batch, generate_conversations
+from specbench.engine.batch_loop import BatchConfig, BatchRequest, generate_batch, generate_conversations
 from specbench.errors import SpecbenchError
 from specbench.run.benchmarks import HEADER_KEY, category_header
-from specbench.options import LONGEST_CONTEXT, check_context
+from specbench.options import check_context
 from specbench.run.merge import find_parts, merge_runs, part_path, read_run, write_run
 from specbench.engine.prompts import ChatFormat, render_chat
+from specbench.engine.rescore import Rescorer
 from specbench.records import GenerationRecord
 from specbench.run.results import RunStore, config_hash, environment_metadata
-from specbench.run.run_config import RunConfig  # noqa: F401  (RunConfig is also imported from here)
+from specbench.run.run_config import RunConfig, validate  # noqa: F401  (also imported from here)
 from specbench.run.streams import Query, build_queries, load_stream_prompts, stream_name
-from specbench.engine.target import DEFAULT_TARGET, Target, check_attention, named_model, resolve_dtype
+from specbench.engine.target import Target, check_attention
 from specbench.engine import VANILLA as BASELINE
 from specbench.engine.verify import SamplingParams
+from specbench.sides import Side
 
 TREE_SLACK = 128  # room for a draft tree past max_new_tokens when checking the context window
 CONTINUOUS_CHUNK = 4  # --continuous: batches per chunk of the stream, so a chunk's draining tail is a small part of it
-DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's placement strategies
-
-
-@dataclass(frozen=True)
-class Side:
-    """One method configuration in a run: its label in the records, method name and raw options."""
-
-    label: str
-    method: str
-    options: dict
-
-
-def parse_sweep(sweep: str) -> tuple[str, list[str]]:
-    key, sep, values = sweep.partition("=")
-    items = [v.strip() for v in values.split(",") if v.strip()]
-    if not sep or not key.strip() or not items:
-        raise SpecbenchError(f"--sweep expects key=v1,v2,... (got {sweep!r}), e.g. --sweep budget=16,32,64")
-    return key.strip().replace("-", "_"), items
-
-
-def parse_also(spec: str) -> Side:
-    """``name@key=value@key=value`` -> a side labelled by the whole spec; a trailing
-    ``@label=LABEL`` (everything after it, '@' included) names the side instead."""
-    label = spec
-    if "@label=" in spec:
-        spec, label = spec.split("@label=", 1)
-        if not label:
-            raise SpecbenchError(f"--also {spec}@label= needs a label after 'label='")
-    name, *pairs = spec.split("@")
-    options = {}
-    last = None
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep and last is not None and "/" in options[last]:  # path=org/name@REV: a hub revision
-            options[last] += "@" + pair.strip()
-            continue
-        last = key.strip().replace("-", "_")
-        if not sep or not key.strip():
-            raise SpecbenchError(f"--also expects name or name@key=value[@key=value...] (got {spec!r})")
-        options[key.strip().replace("-", "_")] = value.strip()
-    return Side(label, name.strip(), options)
 
 
 def run_sides(cfg: RunConfig) -> list[Side]:
-    """Every method configuration of the run, in order, without the baseline."""
-    if cfg.sweep:
-        key, values = parse_sweep(cfg.sweep)
-        sides = [Side(f"{cfg.method_label}@{key}={v}", cfg.method, {**cfg.options, key: v}) for v in values]
-    else:
-        sides = [Side(cfg.method_label, cfg.method, dict(cfg.options))]
-    sides += [parse_also(a) for a in cfg.also]
-    if cfg.budget is not None:  # a side's own setting of its budget option wins
-        sides = [Side(s.label, s.method, {**method_class(s.method).budget_options(cfg.budget), **s.options})
-                 for s in sides]
+    """Every side of the run, in order, without the baseline, with ``--budget`` laid under each side's own
+    options (a side's own setting of its budget option wins); two sides may not share a label."""
+    sides = list(cfg.sides)
+    if cfg.budget is not None:
+        sides = [replace(s, options={**method_class(s.method).budget_options(cfg.budget), **s.options}) for s in sides]
     labels = [s.label for s in sides] + ([BASELINE] if cfg.baseline == BASELINE else [])
     dupes = sorted({label for label in labels if labels.count(label) > 1})
     if dupes and not (len(sides) == 1 and sides[0].method == BASELINE):
         raise SpecbenchError(f"two sides share the label {dupes[0]!r}; give --label or drop the duplicate --also")
     return sides
-
-
-MAX_PASSES = 1000  # a stream is materialised in memory; more passes than this is a typo
-
-
-def validate(cfg: RunConfig) -> None:
-    for name, value in (("--temperature", cfg.temperature), ("--top-p", cfg.top_p)):
-        if not math.isfinite(value):
-            raise SpecbenchError(f"{name} must be a finite number (got {value})")
-    if cfg.limit is not None and cfg.limit < 1:
-        raise SpecbenchError(f"--limit must be >= 1 (got {cfg.limit}); omit it to run every prompt")
-    if cfg.temperature < 0:
-        raise SpecbenchError(f"--temperature must be >= 0 (got {cfg.temperature}); 0 is greedy")
-    if not 1 <= cfg.max_new_tokens <= LONGEST_CONTEXT:
-        raise SpecbenchError(f"--max-new-tokens must be between 1 and {LONGEST_CONTEXT} (no model holds a longer "
-                             f"context; got {cfg.max_new_tokens})")
-    if cfg.baseline not in (BASELINE, "none"):
-        raise SpecbenchError(f"--baseline must be 'vanilla' or 'none' (got {cfg.baseline!r})")
-    if not 1 <= cfg.passes <= MAX_PASSES:
-        raise SpecbenchError(f"--passes must be between 1 and {MAX_PASSES} (got {cfg.passes})")
-    if cfg.device_map is not None and cfg.device_map not in DEVICE_MAPS:
-        raise SpecbenchError(f"--device-map must be one of {', '.join(DEVICE_MAPS)} (got {cfg.device_map!r})")
-    if cfg.repeats < 1:
-        raise SpecbenchError(f"--repeats must be >= 1 (got {cfg.repeats})")
-    if not 1 <= cfg.batch_size <= MAX_BATCH:
-        raise SpecbenchError(f"--batch-size must be between 1 and {MAX_BATCH} (got {cfg.batch_size})")
-    if cfg.continuous and cfg.batch_size == 1:
-        raise SpecbenchError("--continuous refills the slots of a batch; pass --batch-size B with B > 1")
-    if cfg.batch_size > 1 and cfg.repeats > 1:
-        raise SpecbenchError(f"--repeats times each turn alone, and batched turns share their steps; run --batch-size "
-                             f"{cfg.batch_size} with --repeats 1")
-    if cfg.budget is not None and cfg.budget < 1:
-        raise SpecbenchError(f"--budget must be >= 1 drafted node (got {cfg.budget})")
-    if cfg.budget is not None and cfg.budget > LONGEST_CONTEXT:
-        raise SpecbenchError(f"--budget must be <= {LONGEST_CONTEXT} drafted nodes (no model holds a longer context; "
-                             f"got {cfg.budget})")
-    if cfg.on_long_prompt not in ("skip", "fail"):
-        raise SpecbenchError(f"--on-long-prompt must be 'skip' or 'fail' (got {cfg.on_long_prompt!r})")
-    try:
-        SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
-    except ValueError as exc:
-        raise SpecbenchError(str(exc)) from None
-    if cfg.dtype != "auto":
-        resolve_dtype(cfg.dtype)
-    check_data_dir_option(cfg.data_dir)
-    ChatFormat(cfg.chat_template, cfg.chat_template_kwargs)
-    if not named_model(cfg.target) and not cfg.target.endswith(".gguf"):  # a folder or a well-formed hub id
-        hub.check_reference(cfg.target, cfg.target_revision, "target")
-    elif cfg.target_revision:
-        raise SpecbenchError(f"--target-revision applies to hub ids; {cfg.target!r} is not one")
 
 
 def weights_metadata(target: Target, sides: list[tuple[str, Drafter]]) -> dict:
@@ -176,7 +82,8 @@ def weights_metadata(target: Target, sides: list[tuple[str, Drafter]]) -> dict:
 
 def default_out(cfg: RunConfig) -> Path:
     target = Path(cfg.target).name.replace(".gguf", "")
-    label = cfg.method_label + (f"@{parse_sweep(cfg.sweep)[0]}-sweep" if cfg.sweep else "")
+    main = cfg.sides[0]
+    label = main.stem + (f"@{'-'.join(main.shown)}-sweep" if main.shown else "")  # the main side's sweep
     passes = f"_x{cfg.passes}" if cfg.passes > 1 else ""
     batch = f"_B{cfg.batch_size}{'c' if cfg.continuous else ''}" if cfg.batch_size > 1 else ""
     return Path("results") / f"{label}_{stream_name(cfg.bench)}{passes}{batch}_{target}_T{cfg.temperature:g}.jsonl"
@@ -192,7 +99,8 @@ def check_label_path(out: Path, label: str) -> None:
 
 def run_inputs(cfg: RunConfig, sides: list[Side]) -> tuple:
     """(option, path) of every file the run reads that could be named as its output by mistake."""
-    found = [("--bench", cfg.bench), ("--target", cfg.target), ("--config", cfg.config_file)]
+    found = [("--bench", cfg.bench if cfg.prompts is None else None), ("--target", cfg.target),
+             ("--config", cfg.config_file)]
     found += [(f"--opt {k}", v) for side in sides for k, v in side.options.items() if isinstance(v, str)]
     return tuple((option, path) for option, path in found if path)
 
@@ -224,14 +132,15 @@ class Runner:
         if cfg.repeats > 1 and learners:
             raise SpecbenchError(f"--repeats {cfg.repeats} would feed every query {cfg.repeats} times to "
                                  f"{', '.join(learners)}, which learn while serving; time them with --repeats 1")
-        # an instance may learn where its class does not (an option, e.g. SpS's heuristic schedule)
-        learners = learners or [spec.label for spec, cls, opts in parsed if cls(opts).learns]
-        if cfg.batch_size > 1 and learners:
-            verb = "learns" if len(learners) == 1 else "learn"
-            raise SpecbenchError(f"{', '.join(learners)} {verb} while serving: each update follows one request after "
-                                 f"another in the stream, which a batch interleaves; run with --batch-size 1")
-        prompts = load_stream_prompts(cfg.bench, cfg.data_dir, limit=cfg.limit, sample=cfg.sample, seed=cfg.seed,
-                                      category=cfg.category)
+        if cfg.batch_size > 1:  # an instance may learn where its class does not (SpS's heuristic schedule)
+            batch_learners = learners or [spec.label for spec, cls, opts in parsed if cls(opts).learns]
+            if batch_learners:
+                verb = "learns" if len(batch_learners) == 1 else "learn"
+                raise SpecbenchError(f"{', '.join(batch_learners)} {verb} while serving: each update follows one "
+                                     "request after another in the stream, which a batch interleaves; run with "
+                                     "--batch-size 1")
+        prompts = cfg.prompts if cfg.prompts is not None else load_stream_prompts(
+            cfg.bench, cfg.data_dir, limit=cfg.limit, sample=cfg.sample, seed=cfg.seed, category=cfg.category)
         self.world = distributed.init(cfg.device)
         if self.world.active and cfg.device_map:
             raise SpecbenchError("--device-map spreads one target over every visible GPU; run it as one process, "
@@ -241,8 +150,9 @@ class Runner:
         stream = build_queries(prompts, cfg.passes)
         self.queries: list[Query] = distributed.shard(stream, self.world)
         self.bench = prompts[0].bench if prompts else stream_name(cfg.bench)
-        with_baseline = cfg.baseline == BASELINE and cfg.method != BASELINE
-        meta = {**cfg.identity(), **({"preset": cfg.preset} if cfg.preset else {}), "method_options": {spec.label: asdict(opts) for spec, _, opts in parsed},
+        with_baseline = cfg.with_baseline
+        meta = {**cfg.identity(), **({"preset": cfg.preset} if cfg.preset else {}),
+                "method_options": {spec.label: asdict(opts) for spec, _, opts in parsed},
                 "config_hash": config_hash(cfg.identity()), "stream": [q.prompt.id for q in stream],
                 "stream_turns": [len(q.prompt.turns) for q in stream],
                 HEADER_KEY: category_header(q.prompt for q in stream),  # where each prompt's category came from
@@ -271,7 +181,13 @@ class Runner:
         # that ran before its vanilla twin waits here, unwritten, until the twin exists (lost on an interrupt,
         # so a resume reruns it).
         self.explain = with_baseline and self.sampling.greedy
+        # bf16/fp16: each new flip is re-scored by the exact rule (an fp32 copy of the target made at the first one)
+        self.rescorer = Rescorer(self.target) if self.explain and divergence.exact_rule_applies(self.target.dtype) \
+            else None
         self.held: dict[tuple, GenerationRecord] = {}
+        # --check forced: vanilla's turns keep their logit rows until their query has ended (engine/forced.py)
+        self.forced = cfg.turn_check == "forced"
+        self.with_rows: list[GenerationRecord] = []
         self.groups = {label: itertools.count() for label, _ in self.sides}  # batch groups, numbered per side
         learners = [label for label, d in self.sides if d.learns]
         if cfg.resume and self.store.done and learners:
@@ -329,7 +245,8 @@ class Runner:
         for spec, _, opts in parsed:  # chain lengths and tree budgets against the context, before any weights load
             check_context(opts, spec.label, self.target.max_context, cfg.max_new_tokens)
         self.target.chat = ChatFormat(cfg.chat_template, cfg.chat_template_kwargs).resolve(
-            self.target.tokenizer, self.target.name) if self.target.tokenizer is not None else None
+            self.target.tokenizer, self.target.name).check(self.target.tokenizer, cfg.system_prompt) \
+            if self.target.tokenizer is not None else None
         self.sides: list[tuple[str, Drafter]] = []
         for spec, cls, opts in parsed:
             drafter = cls(opts)
@@ -378,7 +295,8 @@ class Runner:
             return False
 
         def config_for(k: int) -> GenerationConfig:
-            return GenerationConfig(self.cfg.max_new_tokens, self.sampling, record_seed(self.cfg.seed, prompt.id, k))
+            return GenerationConfig(self.cfg.max_new_tokens, self.sampling, record_seed(self.cfg.seed, prompt.id, k),
+                                    keep_logits=self.forced and label == BASELINE)
 
         def finished(k: int) -> GenerationRecord | None:
             nonlocal turn
@@ -430,6 +348,8 @@ class Runner:
         twin = (record.bench, record.prompt_id, record.turn)
         if label == BASELINE:
             self.store.append(record)
+            if self.forced:
+                self.with_rows.append(record)
             for key in [k for k in self.held if k[1:] == twin]:
                 self._explain_and_append(self.held.pop(key), record)
         elif (base := self.store.done.get((BASELINE, *twin))) is not None:
@@ -450,12 +370,22 @@ class Runner:
                                                     getattr(record, "top_logits", None),
                                                     getattr(base, "top_logits", None), self.target.dtype,
                                                     divergence.layers_of(self.target.model))
+            prompt_ids = getattr(record, "prompt_ids", None)  # kept in memory by generate
+            if self.rescorer is not None and prompt_ids is not None and divergence.rescorable(record.divergence):
+                record.divergence = self.rescorer.judge(record.divergence, prompt_ids, record)
+        if self.forced and base is not None:  # untimed: after the turn's clock has stopped
+            record.forced = forced_check(self.target, dict(self.sides)[record.method], base,
+                                         GenerationConfig(self.cfg.max_new_tokens, self.sampling, record.seed))
         self.store.append(record)
 
     def _release_held(self) -> None:
-        """After a query: method turns whose vanilla twin never ran are written without a divergence."""
+        """After a query: method turns whose vanilla twin never ran are written without a divergence, and
+        vanilla's logit rows (--check forced) are let go."""
         for key in list(self.held):
             self._explain_and_append(self.held.pop(key), None)
+        for record in self.with_rows:  # every side of the query has run: vanilla's rows are done with
+            record.logit_rows = None
+        self.with_rows.clear()
 
     def _warmup(self) -> None:
         """One short generation per side, discarded: first calls pay for allocation and kernels."""

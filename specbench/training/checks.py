@@ -7,21 +7,14 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from specbench.errors import SpecbenchError
-from specbench.options import Declared, check_values
 
 
-def flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def check_options(values: dict, declared: dict[str, Declared], then: Callable[[], None] | None = None) -> None:
-    """``values``: flag name -> value, in command-line order; ``declared``: name -> its declaration
-    (type and range, ``specbench.options``); ``then``: a command's own checks. Then the shared values
-    every command may take: dtype, data dir, prompt file (read now, so a damaged one fails before
-    the target loads) and the output folder."""
+def check_options(values: dict, then: Callable[[], None] | None = None) -> None:
+    """``values``: option name -> value, already held to their declaration (``specbench.options.validate``);
+    ``then``: a command's own checks. Then the files and names every command may take: dtype, data dir,
+    prompt file (read now, so a damaged one fails before the target loads) and the output folder."""
     from specbench.engine.target import resolve_dtype
 
-    check_values(values, declared, flag)
     if then is not None:
         then()
     if values.get("dtype", "auto") != "auto":

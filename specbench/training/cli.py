@@ -4,15 +4,15 @@ options dataclass: the core names no method."""
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 import typer
 from typer.core import TyperGroup
 
-from specbench import options as opts
+from specbench import commands, options as opts
 from specbench.training.checks import check_options, prompt_file
 from specbench.training.heap import return_large_frees_to_os
 from specbench.training.plugin import TrainOptions
@@ -46,36 +46,22 @@ def trainer_command(name: str, trainer):
     from specbench.training.plugin import option_fields
 
     declared = opts.declared_by_name(trainer.Options)
-    params = []
-    for f in option_fields(trainer):
-        option = declared[f.name]
-        default = typer.Option(_default(f), help=opts.help_text(option))
-        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=option.type,
-                                        default=default))
+    fields = [declared[f.name] for f in option_fields(trainer)]
 
-    def command(**values) -> None:
+    def train(**values) -> None:
         run_trainer(trainer, values)
 
-    command.__signature__ = inspect.Signature(params)
-    command.__annotations__ = {p.name: p.annotation for p in params}
-    command.__doc__ = inspect.getdoc(trainer) or f"Train a {name} drafter."
     app = typer.Typer(add_completion=False)
-    app.command(name)(command)
+    app.command(name)(commands.command(train, fields, inspect.getdoc(trainer) or f"Train a {name} drafter."))
     return typer.main.get_command(app)
-
-
-def _default(f: dataclasses.Field):
-    """A field's default; ``...`` (a required option) where it has none."""
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    return f.default_factory() if f.default_factory is not dataclasses.MISSING else ...
 
 
 def run_trainer(trainer, values: dict) -> dict:
     """Check ``values`` (flag name -> value) before anything loads, then train."""
-    options = trainer.Options(**values)
+    options = trainer.Options(**commands.values_for(trainer.Options, values))
     method = trainer()
-    check_options(values, opts.declared_by_name(trainer.Options), then=lambda: method.check(options))
+    opts.validate(options, f"train {trainer.command or 'drafter'}", commands.label(trainer.Options))
+    check_options(vars(options), then=lambda: method.check(options))
     options.dtype = training_dtype(options.dtype, options.device)
     return_large_frees_to_os()
     return method.train(options)
@@ -93,34 +79,34 @@ def training_dtype(spec: str, device: str) -> str:
     return dtype
 
 
-# `train data` shares these options' help and ranges with the trainers.
-_SHARED = opts.declared_by_name(TrainOptions)
-DATA_OPTIONS = {**_SHARED, "temperature": opts.Declared("temperature", float, 0.0, ge=0, note="0 is greedy")}
+@dataclass
+class DataOptions:
+    """`specbench train data`: the target's answers to the training prompts; the options it shares with the
+    trainers are theirs (``TrainOptions``), declared once."""
+
+    target: str = opts.like(TrainOptions, "target", help="Target whose answers are the training data.")
+    prompts: Optional[str] = opts.like(TrainOptions, "prompts")
+    data_dir: Optional[str] = opts.like(TrainOptions, "data_dir")
+    limit: Optional[int] = opts.like(TrainOptions, "limit", default=None, help="First N prompts.")
+    max_new_tokens: int = opts.like(TrainOptions, "max_new_tokens", default=256, help="Response length cap.")
+    batch_size: int = opts.like(TrainOptions, "batch_size", default=8, help="Prompts per generate call.")
+    temperature: float = opts.option(0.0, "0 = greedy (default), else sampled.", ge=0, note="0 is greedy")
+    dtype: str = opts.option("bfloat16", "Target dtype for generation (auto: bfloat16 where it is native, else "
+                                         "float32).", check="specbench.engine.target:check_dtype")
+    max_prompt_tokens: int = opts.like(TrainOptions, "max_prompt_tokens")
+    export: Optional[str] = opts.option(None, "Also write the responses (no prompt text) to this .responses.jsonl.gz, "
+                                              "to ship under specbench/training/responses/<target>/.",
+                                        cli_type=Optional[Path], convert=commands.path_text)
+    device: str = opts.like(TrainOptions, "device")
 
 
-def _shared(name: str):
-    return typer.Option(_SHARED[name].default, help=opts.help_text(_SHARED[name]))
-
-
-@train_app.command("data")
-def data(
-    target: str = typer.Option("smollm2-135m", help="Target whose answers are the training data."),
-    prompts: Optional[str] = _shared("prompts"),
-    data_dir: Optional[str] = _shared("data_dir"),
-    limit: Optional[int] = typer.Option(None, help="First N prompts."),
-    max_new_tokens: int = typer.Option(256, help="Response length cap."),
-    batch_size: int = typer.Option(8, help="Prompts per generate call."),
-    temperature: float = typer.Option(0.0, help="0 = greedy (default), else sampled."),
-    dtype: str = typer.Option("bfloat16", help="Target dtype for generation (auto: bfloat16 where it is native, "
-                                               "else float32)."),
-    max_prompt_tokens: int = _shared("max_prompt_tokens"),
-    export: Optional[Path] = typer.Option(None, help="Also write the responses (no prompt text) to this "
-                                                     ".responses.jsonl.gz, to ship under specbench/training/responses/<target>/."),
-    device: str = _shared("device"),
-) -> None:
+def _data(**flags) -> None:
     """Answer the prompts with the target (resumable; under torchrun each rank answers its share);
     prints where the data is cached."""
-    check_options(locals(), DATA_OPTIONS)
+    o = commands.build(DataOptions, flags, "train data")
+    check_options(vars(o))
+    target, prompts, data_dir, export = o.target, o.prompts, o.data_dir, o.export
+    max_new_tokens, temperature, max_prompt_tokens = o.max_new_tokens, o.temperature, o.max_prompt_tokens
     from specbench.run import distributed
     from specbench.training.checkpoint import vocab_fingerprint
     from specbench.training.data import _prompt_digest, export_responses
@@ -129,18 +115,22 @@ def data(
     if export is not None:  # refused before the target loads: the prompts, a device, a FIFO, a symlink
         from specbench.run.safe_files import check_output
 
-        check_output(export, [("--prompts", prompts), ("--prompts", prompt_file(prompts, data_dir)),
-                              ("--target", target)], what="--export")
-    t = load_target(target, training_dtype(dtype, device), device)
-    out, examples = load_data(t, prompts, data_dir, limit, max_new_tokens, batch_size, temperature, max_prompt_tokens)
+        check_output(Path(export), [("--prompts", prompts), ("--prompts", prompt_file(prompts, data_dir)),
+                                    ("--target", target)], what="--export")
+    t = load_target(target, training_dtype(o.dtype, o.device), o.device)
+    out, examples = load_data(t, prompts, data_dir, o.limit, max_new_tokens, o.batch_size, temperature,
+                              max_prompt_tokens)
     tokens = sum(len(e["response_ids"]) for e in examples)
     if not distributed.current().main:
         return
     typer.echo(f"{len(examples)} examples, {tokens} response tokens -> {out}")
     if export is not None:
         file = prompt_file(prompts, data_dir)
-        export_responses(out, export, target=t.name, vocab=vocab_fingerprint(t.tokenizer),
+        export_responses(out, Path(export), target=t.name, vocab=vocab_fingerprint(t.tokenizer),
                          prompt_file=file.name, prompt_digest=_prompt_digest(file), max_new_tokens=max_new_tokens,
                          temperature=temperature, max_prompt_tokens=max_prompt_tokens, dtype=str(t.dtype),
                          device=str(t.device))
         typer.echo(f"responses -> {export}")
+
+
+train_app.command("data")(commands.command(_data, commands.flags_of(DataOptions)))

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Optional
 
+from specbench.engine import DEFAULT_TARGET
 from specbench.options import option
 
 __all__ = ["MethodTrainer", "TrainOptions", "option", "option_fields", "registered_trainers", "trainer_of"]
@@ -34,7 +35,7 @@ class TrainOptions:
     """Options every drafter-training command takes (a trainer may change their defaults)."""
 
     out: Path = option(help="Folder to write the drafter to.")
-    target: str = option("smollm2-135m", "Target the drafter is trained for.")
+    target: str = option(DEFAULT_TARGET, "Target the drafter is trained for.")
     prompts: Optional[str] = option(None, "Prompt JSONL (default: <data dir>/train_prompts/sharegpt_first_turns.jsonl).")
     data_dir: Optional[str] = option(None, "Data folder (else $SPECBENCH_DATA).")
     limit: Optional[int] = option(400, "Training prompts.", ge=1)

@@ -3,7 +3,8 @@
 Every step is a small pure function, one module per job::
 
     records (load, blocks, sides) -> stats (cell/method frames, intervals) -> tables / papers /
-    method_tables (Table of Cells, table.py) -> render (Markdown, LaTeX, CSV, HTML) ; figures ; build
+    method_tables (Table of Cells, table.py) -> render (Markdown, LaTeX, CSV, HTML) ; figures ; page (index.html:
+    verdicts and their chart first) ; build
 
 The report names no method: labels, families and ablation groups come from what each side's method
 class declares (``Drafter.label``/``family``/``ablation_of``, recorded in the results header);
@@ -23,7 +24,7 @@ _EXPORTS = {
     "build": ("Report", "build_report", "write_report", "rich_main_table", "rich_tables"),
     "records": ("PathSpec", "ResultFile", "resolve_paths", "read_result_file", "load_result_files", "load_results",
                 "block_records", "block_sides"),
-    "names": ("Block", "VANILLA", "MEAN", "MethodInfo", "bench_key", "bench_label", "is_stream", "block_label", "budget_of",
+    "names": ("Block", "VANILLA", "MEAN", "MethodInfo", "bench_key", "bench_label", "is_stream", "block_label", "sweep_points",
               "normalise_bench", "normalise_method", "side_infos"),
     "stats": ("BOOTSTRAP_REPS", "BOOTSTRAP_SEED", "BOLD_REPS", "CELL_COLUMNS", "bootstrap_ci", "speedup_ci", "tau_ci",
               "cell_frame", "method_frame", "missing_reasons", "mean_over_benches", "loaded_cells", "dirty_cells",
@@ -35,7 +36,8 @@ _EXPORTS = {
     "papers": ("DEFAULT_PAPER_NUMBERS", "declared_paper_numbers", "paper_files", "load_paper_numbers", "paper_comparison_table", "best_of_sweeps",
                "paper_metric_cells", "paper_metric_table"),
     "method_tables": ("register_table", "table_functions", "registered_tables"),
-    "render": ("render_markdown", "render_latex", "render_html", "render_csv", "render_index_html", "tex_escape"),
+    "render": ("render_markdown", "render_latex", "render_html", "render_csv", "tex_escape"),
+    "page": ("render_index_html", "settings", "speedup_chart"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE)

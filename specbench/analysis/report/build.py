@@ -21,8 +21,8 @@ from specbench.analysis.report.records import (PathSpec, ResultFile, apart_dtype
                                               load_result_files)
 from specbench.analysis.report.checks import aa_labels, aa_table, divergence_table, machine_slug, split_by_machine, without_aa
 from specbench.analysis.report.cost import block_curves, cost_table
-from specbench.analysis.report.render import (flat_headers, render_csv, render_index_html, render_latex,
-                                     render_markdown)
+from specbench.analysis.report.page import render_index_html
+from specbench.analysis.report.render import flat_headers, render_csv, render_latex, render_markdown
 from specbench.analysis.report.stats import (BOLD_REPS, BOOTSTRAP_REPS, BOOTSTRAP_SEED, blocks_of_kind, cell_frame,
                                     dirty_cells, loaded_cells, mean_frame, method_frame, of_kind, significant_cells)
 from specbench.analysis.report.table import Table
@@ -116,7 +116,7 @@ def machine_report(every: Sequence[ResultFile], hardware: str = "",
     if paper_csvs := paper_files(paper_numbers):
         known = [info for block in sides.values() for info in block.values()]
         papers = paper_comparison_table(bench_cells, methods, load_paper_numbers(paper_csvs, known), files,
-                                        prov + [f"paper numbers: {', '.join(p.name for p in paper_csvs)}"])
+                                        prov + [f"paper numbers: {', '.join(p.name for p in paper_csvs)}"], sides)
     bold_reps, loaded, dirty = BOLD_REPS if reps else 0, loaded_cells(files), dirty_cells(files)  # reps=0: a preview, no tests
     bench_blocks = blocks_of_kind(blocks, streams=False)
     has_aa = any(aa_labels(f) for f in every)  # the resolution note points to the A/A rows only where there are any
@@ -136,7 +136,8 @@ def machine_report(every: Sequence[ResultFile], hardware: str = "",
 
 def write_report(results_glob_or_paths: PathSpec = "results/*.jsonl", out_dir: str | Path = "reports",
                  paper_numbers: str | Path | Sequence[Path] | None = DEFAULT_PAPER_NUMBERS, figures: bool = True) -> list[Path]:
-    """Write every table as .md/.tex/.csv, the figures as PNG+PDF and a self-contained index.html.
+    """Write every table as .md/.tex/.csv, the figures as PNG+PDF and a self-contained index.html (page.py: the
+    verdicts and their chart first, then the tables and figures).
 
     Returns the written paths, sorted."""
     report = build_report(results_glob_or_paths, paper_numbers)
@@ -156,8 +157,7 @@ def write_report(results_glob_or_paths: PathSpec = "results/*.jsonl", out_dir: s
             figure_paths += write_figures(other, out / "figures", f"_{machine_slug(other.hardware)}")
     written += figure_paths
     index = out / "index.html"
-    index.write_text(render_index_html(report.tables, [p for p in figure_paths if p.suffix == ".png"]),
-                     encoding="utf-8")
+    index.write_text(render_index_html(report, [p for p in figure_paths if p.suffix == ".png"]), encoding="utf-8")
     written.append(index)
     return sorted(written)
 

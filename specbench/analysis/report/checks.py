@@ -1,6 +1,7 @@
 """What the timings can be trusted for: one machine per table (files split by their header's hardware), the
 A/A control (vanilla against a second vanilla side of the same run, whose speedup interval must contain
-1.00×), and the T = 0 divergence counts (identical / near-tie / unexplained, specbench/divergence.py)."""
+1.00×), and the T = 0 divergence counts (identical / near-tie / unexplained, specbench/divergence.py) with, for
+runs made with --check forced, the forced figures beside them (specbench/agreement.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Sequence
 
 import pandas as pd
 
-from specbench import divergence, metrics
+from specbench import agreement, divergence, metrics
 from specbench.errors import SpecbenchError
 from specbench.analysis.report.names import VANILLA, block_label
 from specbench.analysis.report.records import ResultFile
@@ -116,8 +117,10 @@ def aa_table(files: Sequence[ResultFile], provenance: Sequence[str] = (), reps: 
 
 
 def divergence_frame(files: Sequence[ResultFile]) -> pd.DataFrame:
-    """Per block and method side: T = 0 turns identical to vanilla's, near-ties, unexplained, unchecked; the
-    largest logit difference seen between the two sides where they agreed (in logits, and in u·|logit|), the
+    """Per block and method side: T = 0 turns identical to vanilla's, near-ties, unexplained, unchecked (by the
+    rule that set each status); the turns that diverged counted by the bound (``old_*``) and by the exact rule
+    (``exact_*``), the turns they judge differently and the flips the exact rule has not judged; the largest noise
+    the exact rule measured at a flip; the largest logit difference seen between the two sides where they agreed (in logits, and in u·|logit|), the
     largest gap m + v at a flip, and the smallest tolerance the near-tie rule gave there."""
     rows = []
     for f in files:
@@ -128,12 +131,16 @@ def divergence_frame(files: Sequence[ResultFile]) -> pd.DataFrame:
             c = divergence.counts(found)
             rows.append(dict(block=block_label(f.block), file=f.path.name, method=label, dtype=f.meta.get("dtype"),
                              turns=len(found), **{k.replace("-", "_"): v for k, v in c.items()},
+                             **divergence.rule_counts(found), position_noise_max=_extreme(max, found, "position_noise"),
                              noise=_extreme(max, found, "noise"),
                              noise_roundings=_extreme(max, found, "noise_roundings"),
                              gap_max=_extreme(max, found, "gap"), tolerance_min=_extreme(min, found, "tolerance")))
     return pd.DataFrame(rows, columns=["block", "file", "method", "dtype", "turns", "identical", "near_tie",
-                                       "unexplained", "unchecked", "noise", "noise_roundings", "gap_max",
-                                       "tolerance_min"])
+                                       "unexplained", "unchecked", *RULE_COLUMNS, "position_noise_max", "noise",
+                                       "noise_roundings", "gap_max", "tolerance_min"])
+
+
+RULE_COLUMNS = ("old_near_tie", "old_unexplained", "exact_near_tie", "exact_unexplained", "disagree", "not_rescored")
 
 
 def _extreme(pick, found: Sequence[dict], key: str) -> float:
@@ -155,6 +162,7 @@ def divergence_table(files: Sequence[ResultFile], provenance: Sequence[str] = ()
         return None
     rows = [[Cell(r.file), Cell(r.method), Cell(str(r.dtype)), Cell(str(r.turns)), Cell(str(r.identical)),
              Cell(str(r.near_tie)), Cell(str(r.unexplained), r.unexplained > 0), Cell(str(r.unchecked)),
+             Cell(f"{r.old_near_tie}/{r.old_unexplained}"), *_exact_cells(r),
              Cell(_fmt_logit(r.noise)), Cell(_fmt_logit(r.gap_max)), Cell(_fmt_logit(r.tolerance_min))]
             for r in frame.itertuples()]
     notes = ["Each T = 0 method turn against vanilla's same turn: identical text; near-tie = at the first differing "
@@ -170,12 +178,100 @@ def divergence_table(files: Sequence[ResultFile], provenance: Sequence[str] = ()
              "the largest m + v at this side's flips: how far the two forwards disagreed about l[a] − l[b] where the "
              "texts part, a difference of two logits: a gap within twice the noise is a flip inside the disagreement "
              "the same turns show elsewhere. δ min = the smallest tolerance the rule gave at this side's flips (both "
-             "sides' δ summed)"]
-    return Table("divergence_table", "Greedy divergences from vanilla: identical, near-tie or unexplained",
-                 ["File", "Method", "dtype", "Turns", "Identical", "Near-tie", "Unexplained", "Unchecked",
-                  "Noise", "Gap max", "δ min"], [], [("", rows)], frame, notes, list(provenance),
-                 align="lllrrrrrrrr")
+             "sides' δ summed)",
+             "Exact rule (bf16/fp16 flips; it sets Near-tie/Unexplained where it has judged): the shared prefix is "
+             "re-scored by a plain float32 forward, giving the exact gap e = l_a − l_b, and by correct forwards in the "
+             "run's dtype at that position (vanilla's one-row decode steps; the method's verify shapes replayed; caches "
+             "built by verifies of 2, 4, 8, 16 rows; verifies of 1–16 rows after a prefill; as chains and as trees); "
+             "the position's noise N is the farthest their gaps land from e, at least one rounding of each logit; a "
+             "near-tie when both sides' recorded gaps lie within N of e (so |e| ≤ N), else unexplained. Bound n/u = the verdicts of the δ rule above on the same turns (kept for "
+             "one release); Exact n/u = the exact rule's, with N max the largest noise it measured; Disagree = turns "
+             "the two rules judge differently; a + after Exact counts flips not yet judged by it (run `specbench "
+             "recheck FILE`)"]
+    return with_forced(Table("divergence_table", "Greedy divergences from vanilla: identical, near-tie or unexplained",
+                             ["File", "Method", "dtype", "Turns", "Identical", "Near-tie", "Unexplained", "Unchecked",
+                              "Bound n/u", "Exact n/u", "N max", "Disagree", "Noise", "Gap max", "δ min"], [],
+                             [("", rows)], frame, notes, list(provenance), align="lllrrrrrrrrrrrr"), files)
+
+
+def _exact_cells(r) -> list[Cell]:
+    """Exact n/u (+ flips it has not judged), N max, Disagree: dashes where the exact rule judged nothing."""
+    judged = r.exact_near_tie + r.exact_unexplained
+    if not _rescored_dtype(r.dtype):  # fp32 keeps the bound
+        return [Cell(DASH), Cell(DASH), Cell(DASH)]
+    if not judged:
+        return [Cell(DASH if not r.not_rescored else f"+{r.not_rescored}"), Cell(DASH), Cell(DASH)]
+    text = f"{r.exact_near_tie}/{r.exact_unexplained}" + (f" +{r.not_rescored}" if r.not_rescored else "")
+    return [Cell(text, r.exact_unexplained > 0), Cell(_fmt_logit(r.position_noise_max)),
+            Cell(str(r.disagree), r.disagree > 0)]
 
 
 def _fmt_logit(x: float) -> str:
     return DASH if x != x else f"{x:.3g}"
+
+
+FORCED_FIGURES = ("turns", "positions", "turns_off_tokens", "p50", "p90", "p99", "max", "top1")
+
+
+def forced_frame(files: Sequence[ResultFile]) -> pd.DataFrame:
+    """Per file and method side of a T = 0 run with --check forced: the forced figures pooled over its turns
+    (agreement.pooled: quantiles of every position's max |Δlogit|, top-1 agreement), and the A/A side's beside."""
+    rows = []
+    for f in files:
+        if f.block[1] != 0:
+            continue
+        for label in sorted({r.method for r in f.records if r.forced}):
+            found = [r.forced for r in f.records if r.method == label and r.forced]
+            ours, aa = agreement.pooled(found), agreement.pooled(d["aa"] for d in found)
+            rows.append(dict(file=f.path.name, method=label, dtype=f.meta.get("dtype"),
+                             **{f"forced_{k}": ours[k] for k in FORCED_FIGURES},
+                             **{f"aa_{k}": aa[k] for k in FORCED_FIGURES}))
+    return pd.DataFrame(rows, columns=["file", "method", "dtype", *(f"{side}_{k}" for side in ("forced", "aa")
+                                                                       for k in FORCED_FIGURES)])
+
+
+def _fmt_quantiles(r: dict, side: str) -> str:
+    values = [r[f"{side}_{k}"] for k in ("p50", "p90", "p99", "max")]
+    return DASH if any(v is None or v != v for v in values) else "/".join(f"{v:.3g}" for v in values)
+
+
+def _fmt_share(x) -> str:
+    return DASH if x is None or x != x else f"{100 * x:.1f}%"
+
+
+def with_forced(table: Table, files: Sequence[ResultFile]) -> Table:
+    """The divergence table with the forced check's columns when records carry them (its rows follow its data's):
+    per method the quantiles of the per-position max |Δlogit| and the top-1 agreement, the A/A side's beside them.
+    Bold: a side that committed a token other than vanilla's, or an fp32 row past the engine's bound."""
+    forced = forced_frame(files)
+    if forced.empty:
+        return table
+    by_side = {(r["file"], r["method"]): r for r in forced.to_dict("records")}
+    rows = table.sections[0][1]
+    for row, (file, method) in zip(rows, zip(table.data["file"], table.data["method"])):
+        r = by_side.get((file, method))
+        if r is None:
+            row += [Cell(DASH)] * 4
+            continue
+        fp32 = str(r["dtype"]) in ("float32", "fp32")
+        bad = {side: r[f"{side}_turns_off_tokens"] > 0 or (fp32 and (r[f"{side}_max"] or 0) > agreement.FP32_BOUND)
+               for side in ("forced", "aa")}
+        row += [Cell(_fmt_quantiles(r, "forced"), bad["forced"]), Cell(_fmt_share(r["forced_top1"])),
+                Cell(_fmt_quantiles(r, "aa"), bad["aa"]), Cell(_fmt_share(r["aa_top1"]))]
+    data = table.data.merge(forced.drop(columns="dtype"), on=["file", "method"], how="left")
+    note = ("Forced (--check forced): every method turn run again, untimed, committing vanilla's tokens, so each "
+            "verify row that chose a token has a twin in vanilla's one-row steps: |Δ| p50/p90/p99/max = quantiles over "
+            "every position of the largest |Δlogit| over the vocabulary, top-1 = positions where both rows' argmax "
+            "agree; A/A = the same for a chain of vanilla's own tokens at the method's row counts (the forward's own "
+            "noise, no tree). In fp32 every row must be within "
+            f"{agreement.FP32_BOUND:g}; in bf16 the method's quantiles must match the A/A ones")
+    return dataclasses.replace(table, columns=[*table.columns, "Forced |Δ| p50/p90/p99/max", "Top-1",
+                                               "A/A |Δ| p50/p90/p99/max", "A/A top-1"],
+                               data=data, notes=[*table.notes, note], align=table.align + "rrrr")
+
+
+def _rescored_dtype(dtype) -> bool:
+    try:
+        return divergence.exact_rule_applies(str(dtype))
+    except ValueError:  # no dtype recorded
+        return False

@@ -1,8 +1,8 @@
 """Report figures: records -> plain series (pure) -> matplotlib Figure -> PNG + PDF.
 
 One figure of each kind per (target, temperature) block: α_k per chain depth, the accepted-length
-histogram, per-stage time shares, speedup vs T_D%, and τ/speedup vs node budget when a block holds an
-``x@budget=B`` sweep. Figures are built on ``matplotlib.figure.Figure`` (Agg canvas for PNG), never
+histogram, per-stage time shares, speedup vs T_D%, and τ/speedup vs node budget when a block holds a
+node-budget sweep. Figures are built on ``matplotlib.figure.Figure`` (Agg canvas for PNG), never
 pyplot, so no global backend or state is touched; metadata that carries dates or versions is dropped so
 that the same records give the same bytes.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import matplotlib
 import pandas as pd
@@ -21,7 +21,7 @@ from matplotlib.ticker import MaxNLocator
 
 from specbench import metrics
 from specbench.records import DECODE_PHASES, GenerationRecord
-from specbench.analysis.report.names import VANILLA, Block, bench_label, block_label, budget_of
+from specbench.analysis.report.names import VANILLA, Block, MethodInfo, bench_label, block_label, sweep_points
 from specbench.analysis.report.stats import mean_over_benches
 
 # Stage colours: the engine's stages fixed; a drafter's own sub-phases of draft take the next free
@@ -83,22 +83,23 @@ def stage_shares(records: Sequence[GenerationRecord]) -> dict[str, dict[str, flo
             out[m] = {s: phases.get(s, 0.0) / decode for s in names}
     return out
 
-def sweep_frame(cells: pd.DataFrame, block: Block) -> pd.DataFrame:
-    """τ and speedup per (base method, budget, bench) for ``x@budget=B`` labels; bench 'mean' included.
-    Empty unless some base has at least two budgets."""
+def sweep_frame(cells: pd.DataFrame, block: Block, sides: Mapping[str, MethodInfo]) -> pd.DataFrame:
+    """τ and speedup per (stem, budget, bench) for the block's budget-sweep sides (``sides``: the block's
+    MethodInfo per label; a side's budget is read from its header, names.side_infos); bench 'mean'
+    included. Empty unless some stem has at least two budgets."""
+    points = sweep_points(sides)
     part = cells[(cells.target == block[0]) & (cells.temperature == block[1]) & (cells.n_prompts > 0)]
-    part = part[part.method.map(lambda m: budget_of(m) is not None)]
+    part = part[part.method.isin(points)]
     if part.empty:
         return pd.DataFrame(columns=["base", "budget", "bench", "tau", "speedup"])
     # A mean line compares budgets only over the benches that every budget of the method ran.
-    base_of = part.method.map(lambda m: budget_of(m)[0])
+    base_of = part.method.map(lambda m: points[m][0])
     common = {b: set.intersection(*(set(g.bench) for _, g in grp.groupby("method"))) for b, grp in part.groupby(base_of)}
     shared = part[[bench in common[base] for base, bench in zip(base_of, part.bench)]]
     means = pd.DataFrame({"tau": mean_over_benches(shared, "tau"), "speedup": mean_over_benches(shared, "speedup")})
     means = means.reset_index().assign(bench="mean")
     rows = pd.concat([part[["method", "bench", "tau", "speedup"]], means[["method", "bench", "tau", "speedup"]]])
-    rows = rows.assign(base=rows.method.map(lambda m: budget_of(m)[0]),
-                       budget=rows.method.map(lambda m: budget_of(m)[1]))
+    rows = rows.assign(base=rows.method.map(lambda m: points[m][0]), budget=rows.method.map(lambda m: points[m][1]))
     keep = rows.groupby("base").budget.transform("nunique") >= 2
     return rows[keep].sort_values(["base", "bench", "budget"]).reset_index(drop=True)[
         ["base", "budget", "bench", "tau", "speedup"]]
@@ -212,7 +213,7 @@ def block_figures(report, block: Block) -> dict[str, Figure]:
         figs["stage_breakdown"] = stage_figure(shares, f"Decode time per stage — {label}")
     if not (points := tradeoff_frame(report.bench_cells, report.methods, block)).empty:
         figs["speedup_vs_td"] = tradeoff_figure(points, f"Speedup vs drafting cost — {label}")
-    if not (sweep := sweep_frame(report.cells, block)).empty:
+    if not (sweep := sweep_frame(report.cells, block, report.sides.get(block, {}))).empty:
         figs["budget_sweep"] = budget_figure(sweep, f"τ and speedup vs node budget — {label}")
     return figs
 

@@ -1,18 +1,22 @@
-"""Names and order: benches, blocks, budget labels, and what each side of a run is (its method's
-registered name, label, family and ablation_of).
+"""Names and order: benches, blocks, and what each side of a run is (its method's registered name,
+label, family and ablation_of; the side's label stem and, for a point of a node-budget sweep, its budget).
 
 A side's method names come from the results header (``methods``, written by the runner from the
 method class); files written before that field existed are read through the method registry
-(``specbench.engine.registry.method_class``), never by typing method names here."""
+(``specbench.engine.registry.method_class``), never by typing method names here. What a side ran with
+comes from the header too: the side as the run declared it (``side_specs``, ``specbench.sides``) and the
+options its drafter ran with (``method_options``); a label is only ever shown, never parsed."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from specbench.engine import VANILLA  # noqa: F401 (the baseline's one name, re-exported for the report)
 from specbench.run.streams import stream_parts
+from specbench.sides import header_sides
 
 Block = tuple[str, float]  # (target, temperature): one group of rows in every table (records.apart_dtypes)
 
@@ -37,7 +41,6 @@ PAPER_BENCH_ALIASES = {
 # The six mission benches (SpecBlock's Table 1): a Mean pools only these, so a method that also ran an extra
 # bench (CNN/DM, for the copy claims) keeps a Mean comparable with the methods that did not.
 MEAN_BENCHES = BENCH_ORDER[:6]
-_BUDGET = re.compile(r"^(?P<base>[^@]+)@budget=(?P<budget>\d+)$")
 
 
 def bench_key(bench: str) -> tuple[int, str]:
@@ -65,11 +68,6 @@ def block_label(block: Block) -> str:
     return f"{block[0]} · T = {block[1]:g}"
 
 
-def budget_of(label: str) -> tuple[str, int] | None:
-    m = _BUDGET.match(label)
-    return (m["base"], int(m["budget"])) if m else None
-
-
 def normalise_bench(name: str) -> str:
     key = name.strip().lower()
     return PAPER_BENCH_ALIASES.get(key, re.sub(r"[^a-z0-9]+", "_", key).strip("_"))
@@ -85,12 +83,19 @@ def normalise_method(name: str) -> str:
 @dataclass(frozen=True)
 class MethodInfo:
     """What one side of a run is: ``method`` its registered name, ``label`` the method's display name,
-    ``family`` its method family, ``ablation_of`` the registered method it ablates (None if none)."""
+    ``family`` its method family, ``ablation_of`` the registered method it ablates (None if none),
+    ``budget_option`` the method's node-budget option; of the side itself, ``stem`` its label's stem,
+    ``shown`` the options its label shows after the stem, and ``budget`` its node budget when the side is a
+    point of a budget sweep (its label shows exactly its method's budget option)."""
 
     method: str
     label: str
     family: str
     ablation_of: str | None = None
+    budget_option: str | None = None
+    stem: str = ""
+    shown: tuple[tuple[str, str], ...] = ()
+    budget: int | None = None
 
 
 _REGISTERED: dict[str, MethodInfo] = {}
@@ -105,9 +110,12 @@ def registered_info(method: str) -> MethodInfo | None:
         if method not in available_methods():
             return None
         try:
-            _REGISTERED[method] = MethodInfo(**method_class(method).report_names())
+            cls = method_class(method)
         except ImportError:
             return None
+        names = cls.report_names()
+        _REGISTERED[method] = MethodInfo(names["method"], names["label"], names["family"], names["ablation_of"],
+                                         cls.budget_option)
     return _REGISTERED[method]
 
 
@@ -115,40 +123,49 @@ def _unknown(method: str) -> MethodInfo:
     return MethodInfo(method, method, method, None)
 
 
-def header_sides(meta: Mapping) -> dict[str, str]:
-    """Side label -> registered method from a header without ``methods`` (older files): the main side
-    (``label``, or one side per ``--sweep`` value) is ``method``; an ``--also`` spec ``name@k=v...``
-    is ``name``, labelled by the whole spec or by what follows ``@label=``."""
-    out: dict[str, str] = {}
-    method = meta.get("method")
-    if method:
-        label = meta.get("label") or method
-        sweep = meta.get("sweep")
-        if sweep and "=" in sweep:
-            key, _, values = sweep.partition("=")
-            for v in values.split(","):
-                out[f"{label}@{key.strip().replace('-', '_')}={v.strip()}"] = method
-        out[label] = method
-    for spec in meta.get("also") or ():
-        body, _, label = str(spec).partition("@label=")
-        out[label or body] = body.split("@", 1)[0].strip()
-    return out
+def _method_info(meta: Mapping, label: str, method: str) -> MethodInfo:
+    """The method half of a side's MethodInfo: the header's ``methods`` entry, else the registry."""
+    entry = (meta.get("methods") or {}).get(label)
+    registered = registered_info(method)
+    if isinstance(entry, Mapping):
+        method = str(entry.get("method") or method)
+        registered = registered_info(method)
+        option = entry.get("budget_option", registered.budget_option if registered else None)
+        return MethodInfo(method, str(entry.get("label") or method), str(entry.get("family") or method),
+                          entry.get("ablation_of") or None, option or None)
+    return registered or _unknown(method)
+
+
+def _whole(value) -> int | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return int(number) if number.is_integer() else None
 
 
 def side_infos(meta: Mapping, labels: Iterable[str]) -> dict[str, MethodInfo]:
-    """MethodInfo of every side label in ``labels``: from the header's ``methods`` when it has the side,
-    else the registered method the header names for it (or the label up to its first '@') looked up in
-    the registry; a method the registry does not know is its own label, family and no ablation."""
-    declared = meta.get("methods") or {}
-    named = header_sides(meta)
+    """MethodInfo of every side label in ``labels``, read from the header: the side as the run declared it
+    (``specbench.sides.header_sides``), its method's names (``methods``, else the registry), and the options
+    its drafter ran with (``method_options``). A label the header does not declare is a side of the method
+    of that name (its own label, family and no ablation when no method is)."""
+    sides = header_sides(meta)
+    ran = meta.get("method_options") or {}
     out = {}
     for label in labels:
-        if isinstance(declared.get(label), Mapping):
-            entry = declared[label]
-            method = str(entry.get("method") or label)
-            out[label] = MethodInfo(method, str(entry.get("label") or method), str(entry.get("family") or method),
-                                    entry.get("ablation_of") or None)
-            continue
-        method = named.get(label) or label.split("@", 1)[0]
-        out[label] = registered_info(method) or _unknown(method)
+        side = sides.get(label)
+        entry = (meta.get("methods") or {}).get(label)
+        method = side.method if side else str(entry.get("method") or label) if isinstance(entry, Mapping) else label
+        info = _method_info(meta, label, method)
+        shown = tuple((key, str(side.options[key])) for key in side.shown) if side else ()
+        budget = None
+        if side and info.budget_option and side.shown == (info.budget_option,):
+            options = ran.get(label) if isinstance(ran.get(label), Mapping) else {}
+            budget = _whole(options.get(info.budget_option, side.options.get(info.budget_option)))
+        out[label] = dataclasses.replace(info, stem=side.stem if side else label, shown=shown, budget=budget)
     return out
+
+
+def sweep_points(sides: Mapping[str, MethodInfo]) -> dict[str, tuple[str, int]]:
+    """Side label -> (its stem, its node budget) for the sides that are points of a budget sweep."""
+    return {label: (info.stem, info.budget) for label, info in sides.items() if info.budget is not None}

@@ -10,14 +10,14 @@ spell it (``names.normalise_method``)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
 from specbench import metrics
 from specbench.errors import SpecbenchError
-from specbench.analysis.report.names import (MEAN, VANILLA, MethodInfo, bench_label, block_label, budget_of, normalise_bench,
+from specbench.analysis.report.names import (MEAN, VANILLA, Block, MethodInfo, sweep_points, bench_label, block_label, normalise_bench,
                                     normalise_method)
 from specbench.analysis.report.records import ResultFile
 from specbench.analysis.report.table import DASH, Cell, Table, fmt_pct, fmt_spd, fmt_tau
@@ -95,8 +95,10 @@ def faster_attention(cells: pd.DataFrame, variants: dict[str, tuple[str, str]]) 
 
 
 def paper_comparison_table(cells: pd.DataFrame, methods: pd.DataFrame, papers: pd.DataFrame,
-                           files: Sequence[ResultFile], provenance: Sequence[str] = ()) -> Table:
-    """Ours vs paper where method and bench match. Our sweep labels (x@budget=B) match the paper's x."""
+                           files: Sequence[ResultFile], provenance: Sequence[str] = (),
+                           sides: Mapping[Block, Mapping[str, MethodInfo]] | None = None) -> Table:
+    """Ours vs paper where method and bench match. The points of a budget sweep (``sides``: each block's
+    MethodInfo per label) match the paper's method under their stem."""
     columns = ["Method", "Bench", "Spd", "τ", "T_D%", "Source", "Model", "Hardware", "T", "Spd", "τ", "T_D%"]
     groups = [("", 2), ("ours", 3), ("paper", 7)]
     td = methods.set_index(["target", "temperature", "method"])["td"]
@@ -108,7 +110,8 @@ def paper_comparison_table(cells: pd.DataFrame, methods: pd.DataFrame, papers: p
     sections, records, attn_notes = [], [], []
     for (target, temp), block in ran.groupby(["target", "temperature"], sort=True):
         rows = []
-        chosen, why = faster_attention(best_of_sweeps(block), variants)
+        chosen, why = faster_attention(best_of_sweeps(block, sweep_points((sides or {}).get((target, temp), {}))),
+                                       variants)
         attn_notes += [f"{note} ({block_label((target, temp))})" for note in why]
         for r in chosen.sort_values(["method", "bench"]).itertuples():
             hits = papers[(papers.method_key == r.key) & (papers.bench_key == r.bench)]
@@ -148,11 +151,12 @@ def _source(paper: str, table: str) -> str:
     return f"{paper} Table {table}" if table.isdigit() else f"{paper} {table}"
 
 
-def best_of_sweeps(cells: pd.DataFrame) -> pd.DataFrame:
-    """Plain labels as they are; of each x@budget=B sweep only the best-speedup label per bench. Adds the
-    join column ``key`` (x for a sweep, the label otherwise)."""
-    cells = cells.assign(key=cells.method.map(lambda m: budget_of(m)[0] if budget_of(m) else m))
-    sweep = cells.method.map(lambda m: budget_of(m) is not None)
+def best_of_sweeps(cells: pd.DataFrame, points: Mapping[str, tuple[str, int]]) -> pd.DataFrame:
+    """Other labels as they are; of each budget sweep (``points``: label -> (stem, budget), names.sweep_points)
+    only the best-speedup label per bench. Adds the join column ``key`` (the stem for a sweep's point, the
+    label otherwise)."""
+    cells = cells.assign(key=cells.method.map(lambda m: points[m][0] if m in points else m))
+    sweep = cells.method.isin(points)
     best = (cells[sweep].sort_values(["key", "bench", "speedup", "method"], ascending=[True, True, False, True])
             .groupby(["key", "bench"], sort=True).head(1))
     return pd.concat([cells[~sweep], best])

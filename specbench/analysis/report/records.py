@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Sequence, Union
 
 from specbench.errors import SpecbenchError
+from specbench.options import check_text
 from specbench.records import GenerationRecord
 from specbench.analysis.report.names import Block, MethodInfo, side_infos
 
@@ -70,6 +71,8 @@ def resolve_paths(spec: PathSpec) -> list[Path]:
     if not found:
         shown = ", ".join(str(i) for i in items) or "(nothing given)"
         raise SpecbenchError(f"no result files matched {shown}; run `specbench run ...` first")
+    for path in found:  # tables and pages name their files: a name no UTF-8 text can hold is refused first
+        check_text(str(path), "results file name")
     return sorted(found, key=str)
 
 

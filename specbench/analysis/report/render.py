@@ -1,14 +1,12 @@
-"""Renderers: a ``Table`` -> Markdown, LaTeX (booktabs), HTML, CSV; the tables and figures -> one
-self-contained index.html. Pure functions of their input, so the same tables give the same bytes."""
+"""Renderers: a ``Table`` -> Markdown, LaTeX (booktabs), HTML, CSV (the index page that holds the HTML
+tables is page.py). Pure functions of their input, so the same tables give the same bytes."""
 
 from __future__ import annotations
 
-import base64
 import html
-from pathlib import Path
 from typing import Sequence
 
-from specbench.analysis.report.table import Table
+from specbench.analysis.report.table import Cell, Table
 
 
 def render_markdown(table: Table) -> str:
@@ -79,52 +77,39 @@ def render_latex(table: Table) -> str:
 
 
 def render_html(table: Table) -> str:
-    """A <table> with a grouped header, section rows, notes and provenance (no external assets)."""
+    """A heading (anchored by the table's name), a <table> with a grouped header and section rows, then the notes
+    and provenance folded away (no external assets). A cell with a compact form shows it and its full text
+    (interval, n) on hover."""
     esc = html.escape
-    out = [f"<h2>{esc(table.title)}</h2>", "<table>", "<thead>"]
+    out = [f'<h2 id="{esc(table.name)}">{esc(table.title)}</h2>', '<div class="wide"><table class="data">', "<thead>"]
     if table.groups:
         out.append("<tr>" + "".join(f'<th colspan="{span}">{esc(label)}</th>' for label, span in table.groups)
                    + "</tr>")
-    out += ["<tr>" + "".join(f"<th>{esc(c)}</th>" for c in table.columns) + "</tr>", "</thead>", "<tbody>"]
+    heads = "".join(f'<th class="l">{esc(c)}</th>' if a == "l" else f"<th>{esc(c)}</th>"
+                    for c, a in zip(table.columns, table.align))
+    out += [f"<tr>{heads}</tr>", "</thead>", "<tbody>"]
     for label, rows in table.sections:
         out.append(f'<tr class="section"><td colspan="{len(table.columns)}">{esc(label)}</td></tr>')
-        for row in rows:
-            cells = [(f"<b>{esc(c.text)}</b>" if c.bold else esc(c.text), a) for c, a in zip(row, table.align)]
-            out.append("<tr>" + "".join(f'<td class="l">{t}</td>' if a == "l" else f"<td>{t}</td>"
-                                        for t, a in cells) + "</tr>")
-    out += ["</tbody>", "</table>"]
-    if table.notes:
-        out += ['<ul class="notes">'] + [f"<li>{esc(n)}</li>" for n in table.notes] + ["</ul>"]
-    out += ['<p class="provenance">' + "<br>".join(esc(p) for p in table.provenance) + "</p>"]
+        out += ["<tr>" + "".join(_html_cell(c, a) for c, a in zip(row, table.align)) + "</tr>" for row in rows]
+    out += ["</tbody>", "</table></div>"]
+    if table.notes or table.provenance:
+        out += ["<details><summary>Notes and provenance</summary>"]
+        if table.notes:
+            out += ["<ul>"] + [f"<li>{esc(n)}</li>" for n in table.notes] + ["</ul>"]
+        out += ['<p class="provenance">' + "<br>".join(esc(p) for p in table.provenance) + "</p>", "</details>"]
     return "\n".join(out)
+
+
+def _html_cell(cell: Cell, align: str) -> str:
+    esc = html.escape
+    compact = bool(cell.short) and cell.short != cell.text
+    shown = esc(cell.short if compact else cell.text)
+    attrs = (' class="l"' if align == "l" else "") + (f' title="{esc(cell.text)}"' if compact else "")
+    return f"<td{attrs}>" + (f"<b>{shown}</b>" if cell.bold else shown) + "</td>"
 
 
 def render_csv(table: Table) -> str:
     """Numeric CSV (4 decimals, empty = missing) under '#' provenance lines (pandas: comment='#')."""
     head = "".join(f"# {p}\n" for p in table.provenance)
     return head + table.data.to_csv(index=False, float_format="%.4f", na_rep="", lineterminator="\n")
-
-
-_CSS = """body{font-family:system-ui,sans-serif;margin:2em;color:#222;max-width:1400px}
-table{border-collapse:collapse;margin:1em 0;font-size:13px}th,td{padding:3px 8px;text-align:right}
-th:first-child,td:first-child,td.l{text-align:left}thead tr:last-child th{border-bottom:1px solid #444}
-table{border-top:2px solid #444;border-bottom:2px solid #444}tr.section td{font-style:italic;text-align:left;
-border-top:1px solid #999;background:#f4f4f4}.notes,.provenance{font-size:12px;color:#555}
-figure{display:inline-block;margin:1em}figure img{max-width:640px}figcaption{font-size:12px}"""
-
-
-def render_index_html(tables: Sequence[Table], figures: Sequence[Path]) -> str:
-    """One self-contained page: inline CSS, every table, figures as base64 PNG."""
-    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8"><title>specbench report</title>',
-             f"<style>{_CSS}</style></head><body>", "<h1>specbench report</h1>"]
-    parts += [render_html(t) for t in tables]
-    if figures:
-        parts.append("<h2>Figures</h2>")
-    for png in figures:
-        data = base64.b64encode(png.read_bytes()).decode("ascii")
-        parts.append(f'<figure><img alt="{html.escape(png.stem)}" src="data:image/png;base64,{data}">'
-                     f"<figcaption>{html.escape(png.stem)}</figcaption></figure>")
-    parts.append("</body></html>")
-    return "\n".join(parts) + "\n"
-
 

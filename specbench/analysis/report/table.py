@@ -65,6 +65,7 @@ def nanmean(values: Sequence[float]) -> float:
 class Cell(NamedTuple):
     text: str
     bold: bool = False
+    short: str = ""  # the page's compact form (a point without its interval), the full text on hover; "" = text
 
 
 @dataclass

@@ -10,7 +10,7 @@ import pandas as pd
 
 from specbench.run.machine_load import MARK, TURN_LOAD
 from specbench.analysis.report.names import (MEAN, VANILLA, Block, MethodInfo, bench_key, bench_label, block_label,
-                                             budget_of, mean_benches)
+                                             mean_benches)
 from specbench.analysis.report.records import ResultFile, files_by_block
 from specbench.analysis.report.stats import (BOLD_REPS, CELL_COLUMNS, MEAN_COLUMNS, half_width, mean_over_benches,
                                     missing_reasons)
@@ -95,12 +95,17 @@ def streams_table(cells: pd.DataFrame, methods: pd.DataFrame, provenance: Sequen
                           cells, methods, provenance, bold, loaded, means, aa, dirty)
 
 
-def _spd_cell(spd: float, lo: float, hi: float, n, loaded: bool, dirty: bool = False) -> str:
-    """'0.91× [0.88, 0.94] (n=24)', with the under-load and dirty-tree marks."""
+def _spd_cell(spd: float, lo: float, hi: float, n, loaded: bool, dirty: bool = False, bold: bool = False) -> Cell:
+    """'0.91× [0.88, 0.94] (n=24)', with the under-load and dirty-tree marks; on the page '0.91×' and the marks
+    (the interval and n on hover)."""
     if not finite(spd):
-        return DASH
-    return (f"{fmt_ci(fmt_spd(spd), lo, hi, fmt_spd)} (n={int(n)})" + (f" {MARK}" if loaded else "")
-            + (f" {DIRTY}" if dirty else ""))
+        return Cell(DASH, bold)
+    marks = (f" {MARK}" if loaded else "") + (f" {DIRTY}" if dirty else "")
+    return Cell(f"{fmt_ci(fmt_spd(spd), lo, hi, fmt_spd)} (n={int(n)})" + marks, bold, fmt_spd(spd) + marks)
+
+
+def _tau_cell(tau: float, lo: float, hi: float) -> Cell:
+    return Cell(fmt_ci(fmt_tau(tau), lo, hi, fmt_tau), False, fmt_tau(tau))
 
 
 def resolution_note(cells: pd.DataFrame, aa: bool = True) -> str | None:
@@ -168,9 +173,9 @@ def _speedup_table(name: str, title: str, spd_note: str, cells: pd.DataFrame, me
                 lo, hi = part.at[bench, "speedup_lo"], part.at[bench, "speedup_hi"]
                 tlo, thi = part.at[bench, "tau_lo"], part.at[bench, "tau_hi"]
                 n_all += int(n) if finite(spd) and bench in pooled else 0
-                row += [Cell(_spd_cell(spd, lo, hi, n, (*key, bench) in loaded, (*key, bench) in dirty),
-                             (*key, bench) in bold),
-                        Cell(fmt_ci(fmt_tau(tau), tlo, thi, fmt_tau))]
+                row += [_spd_cell(spd, lo, hi, n, (*key, bench) in loaded, (*key, bench) in dirty,
+                                  (*key, bench) in bold),
+                        _tau_cell(tau, tlo, thi)]
                 data.update({f"{bench}_spd": spd, f"{bench}_spd_lo": lo, f"{bench}_spd_hi": hi, f"{bench}_tau": tau,
                              f"{bench}_tau_lo": tlo, f"{bench}_tau_hi": thi, f"{bench}_n": n})
             greedy, greedy_n = per_method.at[key, "greedy_match"], per_method.at[key, "greedy_n"]
@@ -178,10 +183,9 @@ def _speedup_table(name: str, title: str, spd_note: str, cells: pd.DataFrame, me
             any_dirty = any((*key, b) in dirty for b in pooled)
             # A method that ran none of the pooled benches has no Mean (NaN, printed as a dash).
             mean_spd, mean_tau, mean_ideal, mean_eff = (pooled_means[c].get(key, math.nan) for c in pooled_means)
-            row += [Cell(_spd_cell(mean_spd, mean_of(key, "mean_spd_lo"), mean_of(key, "mean_spd_hi"), n_all,
-                                   any_loaded, any_dirty), (*key, MEAN) in bold),
-                    Cell(fmt_ci(fmt_tau(mean_tau), mean_of(key, "mean_tau_lo"), mean_of(key, "mean_tau_hi"),
-                                fmt_tau)),
+            row += [_spd_cell(mean_spd, mean_of(key, "mean_spd_lo"), mean_of(key, "mean_spd_hi"), n_all, any_loaded,
+                              any_dirty, (*key, MEAN) in bold),
+                    _tau_cell(mean_tau, mean_of(key, "mean_tau_lo"), mean_of(key, "mean_tau_hi")),
                     Cell(fmt_spd(mean_ideal)), Cell(fmt_pct(mean_eff)),
                     Cell(fmt_pct(per_method.at[key, "td"])),
                     Cell(f"{fmt_pct(greedy)} ({int(greedy_n)})" if greedy_n else DASH)]
@@ -232,9 +236,10 @@ def companion_table(cells: pd.DataFrame, provenance: Sequence[str] = ()) -> Tabl
         for r in sorted(block.itertuples(), key=lambda r: (r.method, bench_key(r.bench))):
             greedy = DASH if not finite(r.greedy_match) else f"{100 * r.greedy_match:.0f}%"
             rows.append([Cell(r.method), Cell(r.bench), Cell(str(r.n_prompts)),
-                         Cell(fmt_ci(fmt_spd(r.speedup), r.speedup_lo, r.speedup_hi, fmt_spd)),
+                         Cell(fmt_ci(fmt_spd(r.speedup), r.speedup_lo, r.speedup_hi, fmt_spd), False,
+                              fmt_spd(r.speedup)),
                          Cell(fmt_spd(r.speedup_decode)), Cell(fmt_spd(r.ideal_speedup)), Cell(fmt_pct(r.efficiency)),
-                         Cell(fmt_ci(fmt_tau(r.tau), r.tau_lo, r.tau_hi, fmt_tau)),
+                         _tau_cell(r.tau, r.tau_lo, r.tau_hi),
                          Cell(fmt_tau(r.tau_macro)), Cell(fmt_pct(r.td)), Cell(greedy),
                          Cell(fmt_tps(r.tokens_per_s)), Cell(fmt_tps(r.vanilla_tokens_per_s))])
             if r.reason:
@@ -259,10 +264,10 @@ def ablation_groups(sides: Mapping[str, MethodInfo]) -> dict[str, list[str]]:
     ablation are left out. Labels differing only in budget form a sweep (its own figure), not an ablation."""
     def key(label: str, method: str) -> str:
         info = sides[label]
-        if label.startswith(info.method):  # "specblock-no-shift (400 steps)" -> "specblock (400 steps)"
-            return method + label[len(info.method):]
-        budget = budget_of(label)  # a label of its own: only its node budget groups it
-        return method + (f"@budget={budget[1]}" if budget else "")
+        if info.stem.startswith(info.method):  # "specblock-no-shift (400 steps)" -> "specblock (400 steps)"
+            return method + info.stem[len(info.method):] + "".join(f"@{k}={v}" for k, v in info.shown)
+        # a stem of its own: only its node budget groups it
+        return method + (f"@budget={info.budget}" if info.budget is not None else "")
 
     groups: dict[str, set[str]] = {}
     for label, info in sides.items():
