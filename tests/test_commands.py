@@ -14,23 +14,13 @@ import typer.main
 from specbench import commands, options
 from specbench.cli import app
 from specbench.engine import DEFAULT_TARGET
-from specbench.engine.target import Target
 from specbench.run.run_config import ParityConfig, PresetFlags, ReproduceConfig, RunConfig, SideFlags
 from specbench.training.cli import DataOptions
 from specbench.training.plugin import TrainOptions, registered_trainers
-from test_cli_regressions import one_line_error
+from test_cli_regressions import no_model_loads, one_line_error  # noqa: F401 (an autouse fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 
-
-@pytest.fixture(autouse=True)
-def no_model_loads(monkeypatch, tmp_path):
-    monkeypatch.chdir(tmp_path)
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model was loaded before the bad input was refused")
-
-    monkeypatch.setattr(Target, "load", classmethod(refuse))
 
 
 def _params(*path: str) -> dict:

@@ -151,3 +151,54 @@ def test_rule_a_rejects_sampled_trees_with_rule_b():
     tree = sampled_tree(torch.Generator().manual_seed(0), 2, False)
     with pytest.raises(ValueError, match="deterministic"):
         walk(tree, target_logits(tree), PARAMS, None, TreeRule.RECURSIVE_REJECTION)
+
+
+# ---- two ways to break rule C that the engine now refuses ----------------------------------------
+P_ROW = torch.tensor([0.6, 0.3, 0.1], dtype=torch.float64)
+Q_ROW = torch.tensor([0.2, 0.2, 0.6], dtype=torch.float64)
+
+
+def rule_c_law(p: torch.Tensor, q: torch.Tensor, siblings: list[int]) -> torch.Tensor:
+    """Exact law of the token rule C commits at a row whose siblings are ``siblings`` (verify.py's
+    multi_draft_rejection, in float64): accept x with min(1, p/q), else p <- norm(max(0, p - q))."""
+    law, reach, residual = torch.zeros_like(p), 1.0, p.clone()
+    for x in siblings:
+        take = min(1.0, float(residual[x] / q[x]))
+        law[x] += reach * take
+        reach *= 1 - take
+        residual = (residual - q).clamp(min=0)
+        residual = residual / residual.sum()
+    return law + reach * residual
+
+
+def two_draw_law(keep) -> torch.Tensor:
+    """The committed token's law when two siblings are drawn i.i.d. from Q_ROW and ``keep(x1, x2)``
+    says which of them the tree keeps."""
+    law = torch.zeros(3, dtype=torch.float64)
+    for x1, x2 in itertools.product(range(3), repeat=2):
+        law += Q_ROW[x1] * Q_ROW[x2] * rule_c_law(P_ROW, Q_ROW, keep(x1, x2))
+    return law
+
+
+def test_dropping_a_duplicate_iid_sibling_would_bias_rule_c_so_dedup_refuses():
+    kept = two_draw_law(lambda a, b: [a, b])
+    deduped = two_draw_law(lambda a, b: [a] if a == b else [a, b])
+    torch.testing.assert_close(kept, P_ROW)  # duplicates kept: exactly the target's law
+    assert 0.5 * float((deduped - P_ROW).abs().sum()) > 0.05  # dropped: 6% TV off
+    tree = DraftTree(torch.tensor([2, 2]), torch.tensor([-1, -1]), q=torch.stack([Q_ROW, Q_ROW]).float(),
+                     kind=SiblingKind.SAMPLED_IID)
+    with pytest.raises(ValueError, match="i.i.d."):
+        tree.dedup()
+
+
+def test_rule_c_refuses_siblings_that_declare_different_q_rows():
+    other = torch.tensor([0.1, 0.8, 0.1], dtype=torch.float64)
+    # The first sibling from Q_ROW, the second from `other`, both judged with Q_ROW (what rule C reads):
+    law = torch.zeros(3, dtype=torch.float64)
+    for x1, x2 in itertools.product(range(3), repeat=2):
+        law += Q_ROW[x1] * other[x2] * rule_c_law(P_ROW, Q_ROW, [x1, x2])
+    assert 0.5 * float((law - P_ROW).abs().sum()) > 0.01
+    tree = DraftTree(torch.tensor([2, 1]), torch.tensor([-1, -1]), q=torch.stack([Q_ROW, other]).float(),
+                     kind=SiblingKind.SAMPLED_IID)
+    with pytest.raises(ValueError, match="different q rows"):
+        walk(tree, torch.log(torch.stack([P_ROW] * 3)).float(), PARAMS, torch.Generator().manual_seed(0))

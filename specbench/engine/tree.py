@@ -168,9 +168,13 @@ class DraftTree:
     def dedup(self) -> "DraftTree":
         """Drop duplicate siblings (same parent, same token), keeping the higher score.
 
-        Duplicates waste verify budget and make the walk ambiguous; dropping one (and its
-        subtree) is valid under every acceptance rule.
+        Duplicates waste verify budget and make the walk ambiguous; dropping one (and its subtree)
+        is valid for deterministic siblings (rules A and B). Not for siblings drawn i.i.d. (rule C):
+        a duplicate is always rejected there, but its rejection still moves the residual
+        (p <- norm(max(0, p - q))), so dropping it changes the bonus's law; such trees are refused.
         """
+        if self.kind == SiblingKind.SAMPLED_IID:
+            raise ValueError("dedup would change rule C's residuals: siblings drawn i.i.d. keep their duplicates")
         keep: list[int] = []
         best: dict[tuple[int, int], int] = {}
         remap: dict[int, int] = {-1: -1}

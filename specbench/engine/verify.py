@@ -176,6 +176,11 @@ def multi_draft_rejection(tree: DraftTree, probs: torch.Tensor, generator: torch
         p = probs[node + 1].clone()
         kids = kids_of.get(node, [])
         q = tree.q[kids[0]].to(p.device, torch.float32, copy=True) if kids else None
+        if any(not torch.equal(tree.q[k], tree.q[kids[0]]) for k in kids[1:]):
+            # The residual rule needs every sibling drawn from one q; reading the first child's for
+            # siblings drawn from others would be biased.
+            raise ValueError(f"rule C: the children of node {node} declare different q rows; siblings must share "
+                             "their parent's proposal")
         moved = False
         for child in kids:
             x = tree.token_list[child]
@@ -192,6 +197,16 @@ def multi_draft_rejection(tree: DraftTree, probs: torch.Tensor, generator: torch
             return WalkResult(accepted, draw(p, generator))
 
 
+def choose_rule(tree: DraftTree, rule: TreeRule | None = None) -> TreeRule:
+    """The rule ``walk`` verifies ``tree`` with at T > 0: ``rule`` when given (refused where it is not
+    lossless for the tree's kind), else A for deterministic siblings and C for sampled ones."""
+    if rule is None:
+        return TreeRule.SAMPLE_AND_MATCH if tree.kind == SiblingKind.DETERMINISTIC else TreeRule.MULTI_DRAFT
+    if rule != TreeRule.MULTI_DRAFT and tree.kind != SiblingKind.DETERMINISTIC:
+        raise ValueError(f"rule {rule.value} is only lossless for deterministic siblings; this tree is {tree.kind.value}")
+    return rule
+
+
 def walk(
     tree: DraftTree,
     logits: torch.Tensor,
@@ -203,12 +218,9 @@ def walk(
     if params.greedy:
         return greedy_walk(tree, logits)
     probs = logits_to_probs(logits, params)
-    if rule is None:
-        rule = TreeRule.SAMPLE_AND_MATCH if tree.kind == SiblingKind.DETERMINISTIC else TreeRule.MULTI_DRAFT
+    rule = choose_rule(tree, rule)
     if rule == TreeRule.MULTI_DRAFT:
         return multi_draft_rejection(tree, probs, generator)
-    if tree.kind != SiblingKind.DETERMINISTIC:
-        raise ValueError(f"rule {rule.value} is only lossless for deterministic siblings; this tree is {tree.kind.value}")
     if rule == TreeRule.RECURSIVE_REJECTION:
         return recursive_rejection(tree, probs, generator)
     return sample_and_match(tree, probs, generator)

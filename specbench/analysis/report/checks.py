@@ -123,21 +123,26 @@ def divergence_frame(files: Sequence[ResultFile]) -> pd.DataFrame:
     the exact rule measured at a flip; the largest logit difference seen between the two sides where they agreed (in logits, and in u·|logit|), the
     largest gap m + v at a flip, and the smallest tolerance the near-tie rule gave there."""
     rows = []
-    for f in files:
-        if f.block[1] != 0:
-            continue
-        for label in sorted({r.method for r in f.records if r.divergence}):
-            found = [r.divergence for r in f.records if r.method == label and r.divergence]
-            c = divergence.counts(found)
-            rows.append(dict(block=block_label(f.block), file=f.path.name, method=label, dtype=f.meta.get("dtype"),
-                             turns=len(found), **{k.replace("-", "_"): v for k, v in c.items()},
-                             **divergence.rule_counts(found), position_noise_max=_extreme(max, found, "position_noise"),
-                             noise=_extreme(max, found, "noise"),
-                             noise_roundings=_extreme(max, found, "noise_roundings"),
-                             gap_max=_extreme(max, found, "gap"), tolerance_min=_extreme(min, found, "tolerance")))
+    for f, label, found in _greedy_sides(files, "divergence"):
+        c = divergence.counts(found)
+        rows.append(dict(block=block_label(f.block), file=f.path.name, method=label, dtype=f.meta.get("dtype"),
+                         turns=len(found), **{k.replace("-", "_"): v for k, v in c.items()},
+                         **divergence.rule_counts(found), position_noise_max=_extreme(max, found, "position_noise"),
+                         noise=_extreme(max, found, "noise"),
+                         noise_roundings=_extreme(max, found, "noise_roundings"),
+                         gap_max=_extreme(max, found, "gap"), tolerance_min=_extreme(min, found, "tolerance")))
     return pd.DataFrame(rows, columns=["block", "file", "method", "dtype", "turns", "identical", "near_tie",
                                        "unexplained", "unchecked", *RULE_COLUMNS, "position_noise_max", "noise",
                                        "noise_roundings", "gap_max", "tolerance_min"])
+
+
+def _greedy_sides(files: Sequence[ResultFile], field: str):
+    """(file, side label, that side's non-empty ``field`` entries) of every T = 0 file, sides in name order."""
+    for f in files:
+        if f.block[1] != 0:
+            continue
+        for label in sorted({r.method for r in f.records if getattr(r, field)}):
+            yield f, label, [getattr(r, field) for r in f.records if r.method == label and getattr(r, field)]
 
 
 RULE_COLUMNS = ("old_near_tie", "old_unexplained", "exact_near_tie", "exact_unexplained", "disagree", "not_rescored")
@@ -217,15 +222,11 @@ def forced_frame(files: Sequence[ResultFile]) -> pd.DataFrame:
     """Per file and method side of a T = 0 run with --check forced: the forced figures pooled over its turns
     (agreement.pooled: quantiles of every position's max |Δlogit|, top-1 agreement), and the A/A side's beside."""
     rows = []
-    for f in files:
-        if f.block[1] != 0:
-            continue
-        for label in sorted({r.method for r in f.records if r.forced}):
-            found = [r.forced for r in f.records if r.method == label and r.forced]
-            ours, aa = agreement.pooled(found), agreement.pooled(d["aa"] for d in found)
-            rows.append(dict(file=f.path.name, method=label, dtype=f.meta.get("dtype"),
-                             **{f"forced_{k}": ours[k] for k in FORCED_FIGURES},
-                             **{f"aa_{k}": aa[k] for k in FORCED_FIGURES}))
+    for f, label, found in _greedy_sides(files, "forced"):
+        ours, aa = agreement.pooled(found), agreement.pooled(d["aa"] for d in found)
+        rows.append(dict(file=f.path.name, method=label, dtype=f.meta.get("dtype"),
+                         **{f"forced_{k}": ours[k] for k in FORCED_FIGURES},
+                         **{f"aa_{k}": aa[k] for k in FORCED_FIGURES}))
     return pd.DataFrame(rows, columns=["file", "method", "dtype", *(f"{side}_{k}" for side in ("forced", "aa")
                                                                        for k in FORCED_FIGURES)])
 
