@@ -10,6 +10,10 @@ drafter's own output hidden state back in. Each propose call:
    the global top_k by cumulative log-probability as the next frontier;
 3. keeps the best ``total_tokens - 1`` candidates by score, ancestor-closed (docs/methods.md#eagle-3).
 
+In a batch (``--batch-size``) the same three steps run for every request at once: one drafter forward
+encodes every request's new committed positions (a ragged stable cache, one row per request), then
+each of the ``depth`` expansions is one forward over all B frontiers; the trees stay per request.
+
 Training unrolls the same recurrence (the "training-time test"): step s sees the step-0 keys up to
 its index plus its own keys of steps 1..s, exactly what a depth-(s+1) tree node sees.
 
@@ -35,6 +39,7 @@ from methods.layers import (KV, DecoderLayer, LayerShapes, RMSNorm, Rotary, offi
 from methods.speculators_layout import is_speculators, speculators_eagle3, speculators_keys
 from methods.taps import check_taps, eagle3_taps
 from methods.tree_select import candidates_to_tree, select_nodes
+from specbench.engine.batch_cache import RaggedKV
 from specbench.engine.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
 from specbench.options import option
@@ -433,3 +438,88 @@ class Eagle3Drafter(Drafter):
     def _log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
         # log_softmax <= 0 keeps scores non-increasing along paths (select_nodes relies on it).
         return self.model.logits(hidden).float().log_softmax(-1).clamp(max=0.0)
+
+    # ---- batches: every request's encode and every depth in one forward -------------------------
+    batched_drafting = True
+
+    def begin_batch(self, states, prefills) -> None:
+        if not getattr(self, "rows", None):  # a batch that emptied starts a fresh stable cache
+            cfg = self.model.config
+            self.rows = RaggedKV(cfg.num_key_value_heads, cfg.head_dim, self.target.device, self.model.dtype)
+            self.row_pending: list[torch.Tensor] = []
+        self.rows.add_empty(len(states))
+        self.row_pending += [self.model.features(prefill.taps) for prefill in prefills]
+
+    def observe_batch(self, states, results) -> None:
+        self.row_pending = [self.model.features(result.taps) for result in results]
+
+    def end_batch(self, rows, states) -> list[dict]:
+        self.rows.remove(rows)
+        self.row_pending = [p for b, p in enumerate(self.row_pending) if b not in set(rows)]
+        return [{} for _ in rows]
+
+    @torch.inference_mode()
+    def propose_batch(self, states) -> list[DraftTree]:
+        timer = states[0].timer
+        last_hidden = self._encode_batch(states, timer)
+        tokens, parents, scores = self._grow_batch(last_hidden, timer)
+        with timer.phase("tree_build"):
+            tokens, parents, scores = self.model.to_target_ids(tokens).cpu(), parents.cpu(), scores.float().cpu()
+            return [candidates_to_tree(tokens[b], parents[b], scores[b], self.options.total_tokens - 1)
+                    for b in range(len(states))]
+
+    def _encode_batch(self, states, timer) -> torch.Tensor:
+        """``_encode_committed`` for every row at once (new positions right-padded to the longest);
+        returns each row's last output hidden [B, H]."""
+        rows, device = self.rows, self.target.device
+        counts = [p.shape[0] for p in self.row_pending]
+        n = max(counts)
+        first = self.row_pending[0]
+        hidden = torch.zeros(len(states), n, first.shape[-1], dtype=first.dtype, device=device)
+        ids = torch.zeros(len(states), n, dtype=torch.long)
+        for b, (state, pending, length) in enumerate(zip(states, self.row_pending, rows.lengths)):
+            hidden[b, : counts[b]] = pending
+            ids[b, : counts[b]] = torch.tensor(state.tokens[length + 1:])
+        lengths = torch.tensor(rows.lengths, device=device)
+        positions = lengths[:, None] + torch.arange(n, device=device)[None]
+        causal = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+        visible = torch.cat([rows.live()[:, None, :].expand(-1, n, -1), causal.expand(len(states), n, n)], 2)
+        with timer.forward("drafter"):
+            out, extended = self.model(hidden, ids.to(device), positions, past=rows.past, visible=visible)
+        rows.keep(extended, [range(c) for c in counts])
+        self.row_pending = [p[:0] for p in self.row_pending]
+        return out[torch.arange(len(states), device=device), torch.tensor(counts, device=device) - 1]
+
+    def _grow_batch(self, last_hidden: torch.Tensor, timer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``_grow`` for every row at once: (draft ids, parent candidate or -1, cumulative log-prob) [B, C]."""
+        k, m, rows = self.k, self.model, self.rows
+        b = last_hidden.shape[0]
+        scores, ids = self._log_probs(last_hidden).topk(k)  # [B, k]
+        device = ids.device
+        eye = torch.eye(k, dtype=torch.bool, device=device).expand(b, k, k)
+        tokens, parents, all_scores = [ids], [torch.full_like(ids, -1)], [scores]
+        hidden = last_hidden[:, None].expand(-1, k, -1)
+        index = torch.arange(k, device=device).expand(b, k)
+        ancestors = torch.zeros(b, k, 0, dtype=torch.bool, device=device)
+        live = rows.live()[:, None, :].expand(-1, k, -1)
+        lengths = torch.tensor(rows.lengths, device=device)
+        kv, first = rows.past, k
+        for step in range(self.options.depth):
+            visible = torch.cat([live, ancestors, eye], 2)
+            with timer.forward("drafter"):
+                out, kv = m(hidden, m.to_target_ids(ids), (lengths + step)[:, None].expand(-1, k), past=kv,
+                            visible=visible)
+            child_lp, child_ids = self._log_probs(out).topk(k)  # [B, k, k]
+            cumulative = (scores[:, :, None] + child_lp).reshape(b, -1)
+            tokens.append(child_ids.reshape(b, -1))
+            parents.append(index.repeat_interleave(k, dim=1))
+            all_scores.append(cumulative)
+            scores, best = cumulative.topk(k)  # the next frontier of every row: its global top_k
+            parent_rows = best // k
+            ids = child_ids.reshape(b, -1).gather(1, best)
+            hidden = out.gather(1, parent_rows[..., None].expand(-1, -1, out.shape[-1]))
+            grown = torch.cat([ancestors, eye], 2)
+            ancestors = grown.gather(1, parent_rows[..., None].expand(-1, -1, grown.shape[-1]))
+            index = first + best
+            first += k * k
+        return torch.cat(tokens, 1), torch.cat(parents, 1), torch.cat(all_scores, 1)

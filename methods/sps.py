@@ -11,6 +11,12 @@ gamma (transformers' 5), +2 after a chain the target accepted whole, -1 otherwis
 ``heuristic`` carries the length from one turn to the next, as transformers keeps it on the
 assistant model between generate calls (so the drafter's state follows the query order);
 ``heuristic_transient`` resets it to gamma every turn.
+
+In a batch (``--batch-size``) SpS with the fixed schedule drafts every request's chain together: one
+draft-model forward per chain position over a ragged draft cache (one row per request, its own
+length; ``engine/batch_cache.py``). A request's draft model reads its prompt when it joins (timed with
+its prefill; alone, SpS feeds the prompt in its first propose, timed as drafting). Subclasses and the
+adaptive schedules, whose chain lengths are per request, draft through the per-request default.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ from typing import Literal
 import torch
 
 from specbench.engine import kvcache
+from specbench.engine.batch_cache import RaggedCache
+from specbench.engine.batch_target import forward_rows, pack_rows
 from specbench.engine.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
 from specbench.options import option
@@ -207,3 +215,71 @@ class SpSDrafter(Drafter):
         if self.schedule == "fixed":
             return {}
         return {"mean_gamma": sum(self.step_lengths) / max(len(self.step_lengths), 1), "next_gamma": self.length}
+
+    # ---- batches: every request's chain in one draft forward per position ----------------------
+    @property
+    def batched_drafting(self) -> bool:
+        return type(self) is SpSDrafter and self.schedule == "fixed"
+
+    def begin_batch(self, states, prefills) -> None:
+        from transformers import DynamicCache
+
+        if not self.batched_drafting:
+            return super().begin_batch(states, prefills)
+        if not getattr(self, "rows", None):  # a batch that emptied starts a fresh draft cache
+            self.rows, self.row_tokens = RaggedCache(), []
+        for state in states:  # the draft model reads each joining prompt (the bonus is fed at its first propose)
+            prompt = state.tokens[: state.prompt_len]
+            one = DynamicCache()
+            with torch.inference_mode(), state.timer.forward("drafter"):
+                self.model(input_ids=torch.tensor([prompt], device=self.device), use_cache=True,
+                           **kvcache.cache_arg(self.model, one))
+            self.rows.add(one, len(prompt))
+            self.row_tokens.append(list(prompt))
+
+    def propose_batch(self, states) -> list[DraftTree]:
+        if not self.batched_drafting:
+            return super().propose_batch(states)
+        feeds = []
+        for b, state in enumerate(states):  # _sync per row: keep the longest cached prefix still committed
+            keep, cached = 0, self.row_tokens[b]
+            limit = min(len(cached), len(state.tokens) - 1)
+            while keep < limit and cached[keep] == state.tokens[keep]:
+                keep += 1
+            self.rows.truncate(b, keep)
+            feeds.append(state.tokens[keep:])
+        drafts: list[list[int]] = [[] for _ in states]
+        qs: list[list[torch.Tensor]] = [[] for _ in states]
+        greedy = [state.params.greedy for state in states]
+        for _ in range(self.options.gamma):
+            logits = self._ragged_logits(feeds, states[0].timer)
+            picks = logits.argmax(-1).tolist() if any(greedy) else None  # one read-back for the greedy rows
+            for b, state in enumerate(states):
+                token, q = (picks[b], None) if greedy[b] else self._pick(logits[b], state)
+                drafts[b].append(token)
+                qs[b].append(q)
+            feeds = [[chain[-1]] for chain in drafts]
+        self.row_tokens = [state.tokens + chain[:-1] for state, chain in zip(states, drafts)]
+        return [DraftTree.chain(chain) if exact else
+                DraftTree.chain(chain, q=torch.stack(q), kind=SiblingKind.SAMPLED_IID)
+                for chain, q, exact in zip(drafts, qs, greedy)]
+
+    def _ragged_logits(self, feeds: list[list[int]], timer) -> torch.Tensor:
+        """One draft forward over every row's feed (appended to its cached prefix); [B, V] at each last token."""
+        dtype = next(self.model.parameters()).dtype
+        packed = pack_rows([(feed, range(-1, len(feed) - 2)) for feed in feeds], self.rows, self.device, dtype)
+        out = forward_rows(self.model, self.rows, packed, timer=timer, owner="drafter")
+        self.rows.commit(packed.width, [range(len(feed)) for feed in feeds])
+        last = torch.tensor([len(feed) - 1 for feed in feeds], device=out.logits.device)
+        return out.logits[torch.arange(len(feeds), device=last.device), last, : self.vocab]
+
+    def observe_batch(self, states, results) -> None:
+        if not self.batched_drafting:
+            super().observe_batch(states, results)  # the fixed schedule learns nothing from a verify
+
+    def end_batch(self, rows, states) -> list[dict]:
+        if not self.batched_drafting:
+            return super().end_batch(rows, states)
+        self.rows.remove(rows)
+        self.row_tokens = [t for b, t in enumerate(self.row_tokens) if b not in set(rows)]
+        return [{} for _ in rows]

@@ -215,3 +215,35 @@ def spec_bench_speedup(method: Sequence[GenerationRecord], baseline: Sequence[Ge
     if not common:
         return float("nan")
     return (sum(ours[q] for q in common) / len(common)) / (sum(theirs[q] for q in common) / len(common))
+
+
+# ---- batched records (--batch-size > 1: GenerationRecord.batch) ---------------------------------------
+def batch_throughput(records: Iterable[GenerationRecord]) -> float:
+    """Tokens per second over all requests of batched records (one method's): their new tokens over the
+    summed makespans of their batch groups (latest end - earliest start on each group's clock)."""
+    spans: dict = {}
+    tokens = 0
+    for r in records:
+        if not r.batch:
+            continue
+        lo, hi = spans.get(r.batch["group"], (r.batch["start"], r.batch["end"]))
+        spans[r.batch["group"]] = (min(lo, r.batch["start"]), max(hi, r.batch["end"]))
+        tokens += r.num_new
+    seconds = sum(hi - lo for lo, hi in spans.values())
+    return tokens / seconds if seconds > 0 else float("nan")
+
+
+def request_latency(records: Iterable[GenerationRecord]) -> dict[str, float]:
+    """Mean, p50 and p90 (linear interpolation) of batched requests' latency, end - start on the batch
+    clock: its prefill, every step it shared, and the prefills of requests that joined meanwhile."""
+    values = sorted(r.batch["end"] - r.batch["start"] for r in records if r.batch)
+    if not values:
+        return {"mean": float("nan"), "p50": float("nan"), "p90": float("nan")}
+
+    def percentile(q: float) -> float:
+        at = q * (len(values) - 1)
+        low = int(at)
+        high = min(low + 1, len(values) - 1)
+        return values[low] + (values[high] - values[low]) * (at - low)
+
+    return {"mean": sum(values) / len(values), "p50": percentile(0.5), "p90": percentile(0.9)}

@@ -19,11 +19,12 @@ target's config is read it must fit the target's context beside ``--max-new-toke
 
 Commands are declared the same way (`specbench run`, `parity`, `reproduce`, `train ...`): a field may
 also say how the command line spells it (``flag``, ``positional``, ``cli_default``, ``cli_type``,
-``convert``), a rule on one value that no type can say (``check``: a dtype or a folder looked up),
-names known only at run time (``choices``: registered methods), and the options it cannot be set with
-(``excludes``). ``specbench.commands`` builds the Typer command from the declaration, and ``validate``
-enforces all of it, one line per error. Every text value is refused when it holds bytes that are not
-UTF-8 (a path or label from a shell with another locale), before anything loads or is written.
+``convert``), a rule on one value that no type can say (``check``: a dtype or a folder looked up), names
+known only at run time (``choices``: registered methods), the options it cannot be set with
+(``excludes``) and those it means nothing without (``requires``). ``specbench.commands`` builds the
+Typer command from the declaration, and ``validate`` enforces all of it, one line per error. Every text
+value is refused when it holds bytes that are not UTF-8 (a path or label from a shell with another
+locale), before anything loads or is written.
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ def option(default: Any = _MISSING, help: str | None = None, *, ge: float | None
            note: str | None = None, min: float | None = None, positive: bool = False, fraction: bool = False,
            flag: str | tuple[str, ...] = (), positional: bool = False, cli_default: Any = SAME, cli_type: Any = SAME,
            convert: Callable[[Any], Any] | None = None, check: Callable[[Any], Any] | str | None = None,
-           choices: Callable[[], Iterable[str]] | None = None, excludes: str | tuple[str, ...] = ()) -> Any:
+           choices: Callable[[], Iterable[str]] | None = None, excludes: str | tuple[str, ...] = (),
+           requires: str | tuple[str, ...] = ()) -> Any:
     """A dataclass field with its help text and range (``ge``/``gt``/``le``/``lt``; ``tokens``: see the
     module docstring; ``note`` is added to a range error, e.g. what a value means). ``min=N``,
     ``positive=True`` and ``fraction=True`` are the older spellings of ``ge=N``, ``gt=0`` and
@@ -78,7 +80,8 @@ def option(default: Any = _MISSING, help: str | None = None, *, ge: float | None
     -> the field's; ``check(value)`` (a function or a lazy ``"module:function"``) raises a one-line
     ``SpecbenchError`` for a value no type rules out;
     ``choices()`` the names a value (each item of a list, each key of a mapping) must be one of;
-    ``excludes`` the fields that cannot be set together with this one."""
+    ``excludes`` the fields that cannot be set together with this one, ``requires`` the fields that must
+    be set (away from their defaults) for this one to be set."""
     ge = min if ge is None else ge
     gt = 0 if positive and gt is None else gt
     if fraction:
@@ -87,7 +90,8 @@ def option(default: Any = _MISSING, help: str | None = None, *, ge: float | None
                 "flags": (flag,) if isinstance(flag, str) else tuple(flag) or None, "positional": positional or None,
                 "cli_default": None if cli_default is SAME else _Given(cli_default),
                 "cli_type": None if cli_type is SAME else _Given(cli_type), "convert": convert, "check": check,
-                "choices": choices, "excludes": (excludes,) if isinstance(excludes, str) else tuple(excludes) or None}
+                "choices": choices, "excludes": (excludes,) if isinstance(excludes, str) else tuple(excludes) or None,
+                "requires": (requires,) if isinstance(requires, str) else tuple(requires) or None}
     if isinstance(default, (list, dict, set)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -149,6 +153,7 @@ class Declared:
     choices: Callable[[], Iterable[str]] | None = None
     excludes: tuple[str, ...] = ()
     internal: bool = False
+    requires: tuple[str, ...] = ()
 
     @property
     def flag(self) -> str:
@@ -244,7 +249,8 @@ def declared(options_cls: type) -> tuple[Declared, ...]:
                                meta.get("le"), meta.get("lt"), bool(meta.get("tokens")), meta.get("note") or "",
                                meta.get("flags") or (), bool(meta.get("positional")), given.get("cli_default", SAME),
                                given.get("cli_type", SAME), meta.get("convert"), meta.get("check"),
-                               meta.get("choices"), meta.get("excludes") or (), bool(meta.get("internal"))))
+                               meta.get("choices"), meta.get("excludes") or (), bool(meta.get("internal")),
+                               meta.get("requires") or ()))
     return tuple(result)
 
 
@@ -410,16 +416,28 @@ def validate(options: Any, owner: str, label: Callable[[str], str] | None = None
     return options
 
 
+def _empty(value: Any) -> bool:
+    return value is None or value is False or (isinstance(value, (str, list, dict, tuple)) and not value)
+
+
 def is_set(option: Declared, value: Any) -> bool:
     """Whether a value says something: not the declared default, not None, off or empty."""
-    empty = value is None or value is False or (isinstance(value, (str, list, dict, tuple)) and not value)
-    return not empty and (option.default is _MISSING or value != option.default)
+    return not _empty(value) and (option.default is _MISSING or value != option.default)
 
 
 def check_conflicts(options: Any, label: Callable[[str], str]) -> None:
-    """Options set together that a declaration's ``excludes`` keeps apart: one line naming both."""
+    """Options set together that a declaration's ``excludes`` keeps apart, or set without one its ``requires``:
+    one line naming both."""
     known = declared_by_name(type(options))
     for option in known.values():
+        for other in option.requires:
+            if is_set(option, getattr(options, option.name)) and not is_set(known[other], getattr(options, other)):
+                base = known[other].default  # a default that says something (e.g. 1) is named
+                away = "" if base is _MISSING or _empty(base) else \
+                    f" away from its default {known[other].default_text()}"
+                raise SpecbenchError(f"{label(option.name)} needs {label(other)} set{away} ({label(option.name)}: "
+                                     f"{option.help.rstrip('.')}); pass {label(other)} too or drop "
+                                     f"{label(option.name)}")
         for other in option.excludes:
             if is_set(option, getattr(options, option.name)) and is_set(known[other], getattr(options, other)):
                 raise SpecbenchError(f"{label(option.name)} and {label(other)} cannot be used together "

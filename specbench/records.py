@@ -34,6 +34,9 @@ class GenerationRecord:
     divergence: dict | None = None  # T = 0 method turns: identical / near-tie / unexplained vs vanilla (divergence.py)
     chain_calls: int = -1  # verify calls whose draft was a chain (causal kernel; the rest were masked trees); -1: not recorded
     forced: dict | None = None  # --check forced: this turn's verify rows against vanilla's, and the A/A side's (agreement.py)
+    # --batch-size > 1 (engine/batch_loop.py): size, continuous, group, start/end on the batch clock (s),
+    # active_mean (requests per step it shared), batched_drafting; None: decoded alone (batch 1)
+    batch: dict | None = None
 
     @property
     def num_new(self) -> int:
@@ -58,7 +61,10 @@ class GenerationRecord:
         return sum(self.accept_lengths) + len(self.accept_lengths)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        data = asdict(self)
+        if data["batch"] is None:  # batch-1 lines stay as they were before batching existed
+            del data["batch"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict) -> "GenerationRecord":

@@ -93,6 +93,8 @@ RUN = ["run", "--method", "sps", "--bench", "humaneval", "--limit", "1"]
     (RUN + ["--max-new-tokens", str(2**25)], "--max-new-tokens must be <= 16777216 (no model holds a longer context)"),
     (RUN + ["--budget", str(2**25)], "--budget must be <= 16777216"),
     (RUN + ["--repeats", "0"], "--repeats must be >= 1"),
+    (RUN + ["--batch-size", "0"], "--batch-size must be in [1, 256] (got 0)"),
+    (RUN + ["--batch-size", "257"], "--batch-size must be in [1, 256] (got 257)"),
     (RUN + ["--sample", "0"], "--sample must be >= 1"),
     (RUN + ["--baseline", "sps"], "--baseline must be one of 'vanilla', 'none' (got 'sps')"),
     (RUN + ["--on-long-prompt", "ignore"], "--on-long-prompt must be one of 'skip', 'fail'"),
@@ -127,6 +129,10 @@ def test_every_command_holds_values_to_their_declarations(tmp_path, capsys, args
      "--preset dvi-table2 runs the preset's own methods and settings; it does not take --bench, --method"),
     (["run", "--preset", "dvi-table2", "--opt", "gamma=3"], "it does not take --opt"),
     (RUN + ["--dry-run"], "--dry-run prints a preset's plan"),
+    (RUN + ["--batch-size", "2", "--repeats", "2"], "--batch-size and --repeats cannot be used together"),
+    (RUN + ["--batch-size", "2", "--check", "forced"], "--batch-size and --check cannot be used together"),
+    (RUN + ["--continuous"], "--continuous needs --batch-size set away from its default 1"),
+    (RUN + ["--batch-size", "1", "--continuous"], "--continuous needs --batch-size set away from its default 1"),
 ])
 def test_conflicts_are_declared_and_refused_in_one_line(tmp_path, capsys, args, needle):
     one_line_error(args, capsys, needle)

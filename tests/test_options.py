@@ -176,3 +176,25 @@ def test_run_flags_take_help_default_and_spelling_from_the_field():
     run = RunConfig(sides=[Side("m")], bench="b")
     assert params["dtype"].default == "auto" and run.dtype == "bfloat16"
     assert run.target == DEFAULT_TARGET == params["target"].default
+
+
+@dataclass
+class Paired:
+    size: int = option(1, "How many at once.", ge=1)
+    refill: bool = option(False, "Refill at once.", requires="size")
+    name: str | None = option(None, "A name.")
+    tagged: bool = option(False, "Tag the output.", requires="name")
+
+
+@pytest.mark.parametrize("values,needle", [
+    ({"refill": True}, "--refill needs --size set away from its default 1 (--refill: Refill at once); pass --size "
+                       "too or drop --refill"),
+    ({"tagged": True}, "--tagged needs --name set (--tagged: Tag the output)"),  # no default worth naming
+    ({"size": 1, "refill": True}, "--refill needs --size set away from its default 1"),  # the default, given
+])
+def test_an_option_set_without_what_it_requires_is_one_line(values, needle):
+    label = lambda name: "--" + name  # noqa: E731
+    with pytest.raises(SpecbenchError) as caught:
+        options.validate(Paired(**values), "paired", label)
+    assert needle in str(caught.value) and "\n" not in str(caught.value)
+    assert options.validate(Paired(size=2, refill=True, name="x", tagged=True), "paired", label).refill

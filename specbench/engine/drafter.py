@@ -9,9 +9,10 @@ gives `specbench list methods NAME` its text. Where it trains, the class names i
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
 import torch
 
@@ -62,6 +63,8 @@ class Drafter:
     propose(state) -> DraftTree  each decode iteration (timed as drafting)
     observe(state, result)       after each verify (timed as drafting)
     end(state)                   after the turn
+
+    Batched decoding (``engine/batch_loop.py``) calls the ``*_batch`` forms of the same hooks instead.
     """
 
     name: ClassVar[str] = ""
@@ -163,3 +166,39 @@ class Drafter:
     def end(self, state: DecodeState) -> dict:
         """Return drafter-specific statistics to store in the record's ``extra``."""
         return {}
+
+    # ---- batches ------------------------------------------------------------------------------
+    # The batched loop keeps its requests as rows: ``begin_batch`` appends the requests that join after
+    # the current rows, ``end_batch`` removes the rows of those that leave (the others keep their
+    # order), and ``propose_batch`` / ``observe_batch`` see every active request in row order; every
+    # state carries the batch's one clock. The defaults run the batch-1 hooks on one ``fork`` of this
+    # drafter per request: right for every method, one drafter call per request per step. A method that
+    # drafts the whole batch in one forward per step overrides all four and sets ``batched_drafting``.
+    batched_drafting: bool = False
+
+    def fork(self) -> "Drafter":
+        """A drafter for one request of a batch: shares this one's weights and setup, and gets its own
+        per-request state from ``begin`` (which rebinds, never mutates, what it keeps per turn)."""
+        twin = copy.copy(self)
+        twin.__dict__.pop("_batch_forks", None)
+        return twin
+
+    def begin_batch(self, states: Sequence[DecodeState], prefills: Sequence["TargetOutput"]) -> None:
+        forks = self.__dict__.setdefault("_batch_forks", [])
+        for state, prefill in zip(states, prefills):
+            forks.append(self.fork())
+            forks[-1].begin(state, prefill)
+
+    def propose_batch(self, states: Sequence[DecodeState]) -> list[DraftTree]:
+        return [fork.propose(state) for fork, state in zip(self._batch_forks, states, strict=True)]
+
+    def observe_batch(self, states: Sequence[DecodeState], results: Sequence[VerifyResult]) -> None:
+        for fork, state, result in zip(self._batch_forks, states, results, strict=True):
+            fork.observe(state, result)
+
+    def end_batch(self, rows: Sequence[int], states: Sequence[DecodeState]) -> list[dict]:
+        """The ``end`` statistics of the requests leaving from ``rows`` (their states, same order)."""
+        forks = self._batch_forks
+        stats = [forks[row].end(state) or {} for row, state in zip(rows, states)]
+        self._batch_forks = [fork for b, fork in enumerate(forks) if b not in set(rows)]
+        return stats

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional
 
 from specbench import commands
-from specbench.engine import DEFAULT_TARGET, VANILLA as BASELINE
+from specbench.engine import DEFAULT_TARGET, MAX_BATCH, VANILLA as BASELINE
 from specbench.options import internal, option, validate as validate_options
 from specbench.errors import SpecbenchError
 from specbench.sides import Side, recorded_sides
@@ -124,6 +124,15 @@ class RunConfig:
     budget: Optional[int] = option(None, "Drafted nodes per verify call for every side whose method has a "
                                          "node-budget option (`specbench list methods` names it); a side's own "
                                          "setting wins.", ge=1, tokens=True)
+    # requests decoded together (engine/batch_loop.py); 1 = one at a time through engine/loop.py. A batch's
+    # turns share their steps, so a turn cannot be timed alone (--repeats) or re-run alone beside its twin
+    # (--check forced replays each turn through the batch-1 loop, not the batched path that was timed).
+    batch_size: int = option(1, "Requests decoded together: every side (and vanilla) decodes the stream B at a time, "
+                                "one target forward per step for all B (1 = one request at a time).", ge=1,
+                             le=MAX_BATCH, excludes=("repeats", "turn_check"))
+    continuous: bool = option(False, "With --batch-size > 1: a finished request's slot takes the next prompt at once "
+                                     "(else static batches, refilled when all B have finished).",
+                              requires="batch_size")
     # an untimed check after each method turn (specbench/engine/forced.py)
     turn_check: Optional[Literal["forced"]] = option(
         None, "forced: after each method turn, an untimed pass that commits vanilla's tokens and compares every "
@@ -179,6 +188,9 @@ class RunConfig:
             ident["repeats"] = self.repeats
         if self.budget is not None:
             ident["budget"] = self.budget
+        if self.batch_size != 1:  # only when batched, so batch-1 runs keep their hash
+            ident["batch_size"] = self.batch_size
+            ident["continuous"] = self.continuous
         if self.turn_check is not None:  # the records carry its figures
             ident["turn_check"] = self.turn_check
         if self.prompts is not None:  # prompts given in memory: their text is part of the experiment

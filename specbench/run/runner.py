@@ -9,12 +9,18 @@ repeats it).
 
 Under ``torchrun --nproc-per-node N`` each rank runs queries i with i % N == rank (every side of
 a query on one rank, in the same alternating order), appends to its own part file, and rank 0
-merges the parts into ``--out`` (see ``specbench/run/merge.py``)."""
+merges the parts into ``--out`` (see ``specbench/run/merge.py``).
+
+With ``--batch-size B`` > 1 the stream is cut into chunks (B queries; 4B with ``--continuous``) and every
+side decodes a chunk through the batched loop (``engine/batch_loop.py``) before the next side does,
+alternating which side goes first per chunk."""
 
 from __future__ import annotations
 
+import itertools
 import warnings
 import zlib
+from collections import deque
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -33,6 +39,7 @@ from specbench.engine.drafter import Drafter
 from specbench.engine.registry import method_class, parse_options
 from specbench.engine.forced import forced_check
 from specbench.engine.loop import GenerationConfig, generate, generate_turns
+from specbench.engine.batch_loop import BatchConfig, BatchRequest, generate_batch, generate_conversations
 from specbench.errors import SpecbenchError
 from specbench.run.benchmarks import HEADER_KEY, category_header
 from specbench.options import check_context
@@ -49,6 +56,7 @@ from specbench.engine.verify import SamplingParams
 from specbench.sides import Side
 
 TREE_SLACK = 128  # room for a draft tree past max_new_tokens when checking the context window
+CONTINUOUS_CHUNK = 4  # --continuous: batches per chunk of the stream, so a chunk's draining tail is a small part of it
 
 
 def run_sides(cfg: RunConfig) -> list[Side]:
@@ -77,7 +85,8 @@ def default_out(cfg: RunConfig) -> Path:
     main = cfg.sides[0]
     label = main.stem + (f"@{'-'.join(main.shown)}-sweep" if main.shown else "")  # the main side's sweep
     passes = f"_x{cfg.passes}" if cfg.passes > 1 else ""
-    return Path("results") / f"{label}_{stream_name(cfg.bench)}{passes}_{target}_T{cfg.temperature:g}.jsonl"
+    batch = f"_B{cfg.batch_size}{'c' if cfg.continuous else ''}" if cfg.batch_size > 1 else ""
+    return Path("results") / f"{label}_{stream_name(cfg.bench)}{passes}{batch}_{target}_T{cfg.temperature:g}.jsonl"
 
 
 def check_label_path(out: Path, label: str) -> None:
@@ -123,12 +132,21 @@ class Runner:
         if cfg.repeats > 1 and learners:
             raise SpecbenchError(f"--repeats {cfg.repeats} would feed every query {cfg.repeats} times to "
                                  f"{', '.join(learners)}, which learn while serving; time them with --repeats 1")
+        if cfg.batch_size > 1:  # an instance may learn where its class does not (SpS's heuristic schedule)
+            batch_learners = learners or [spec.label for spec, cls, opts in parsed if cls(opts).learns]
+            if batch_learners:
+                verb = "learns" if len(batch_learners) == 1 else "learn"
+                raise SpecbenchError(f"{', '.join(batch_learners)} {verb} while serving: each update follows one "
+                                     "request after another in the stream, which a batch interleaves; run with "
+                                     "--batch-size 1")
         prompts = cfg.prompts if cfg.prompts is not None else load_stream_prompts(
             cfg.bench, cfg.data_dir, limit=cfg.limit, sample=cfg.sample, seed=cfg.seed, category=cfg.category)
         self.world = distributed.init(cfg.device)
         if self.world.active and cfg.device_map:
             raise SpecbenchError("--device-map spreads one target over every visible GPU; run it as one process, "
                                  "not under torchrun")
+        if self.world.active and cfg.batch_size > 1:
+            raise SpecbenchError("--batch-size decodes a batch in one process; run it without torchrun")
         stream = build_queries(prompts, cfg.passes)
         self.queries: list[Query] = distributed.shard(stream, self.world)
         self.bench = prompts[0].bench if prompts else stream_name(cfg.bench)
@@ -170,6 +188,7 @@ class Runner:
         # --check forced: vanilla's turns keep their logit rows until their query has ended (engine/forced.py)
         self.forced = cfg.turn_check == "forced"
         self.with_rows: list[GenerationRecord] = []
+        self.groups = {label: itertools.count() for label, _ in self.sides}  # batch groups, numbered per side
         learners = [label for label, d in self.sides if d.learns]
         if cfg.resume and self.store.done and learners:
             warnings.warn(f"resuming {', '.join(learners)}: what they learnt before the interruption is not restored, "
@@ -292,6 +311,33 @@ class Runner:
             record.load_avg = machine_load.load_average()
             self._store(label, record)
 
+    def _run_side_batched(self, label: str, drafter: Drafter, queries: list[Query]) -> None:
+        """Every turn of ``queries`` for one side, decoded ``--batch-size`` at a time; each record is
+        stored as soon as its turn finishes."""
+        cfg = self.cfg
+
+        def admit(c: int, ids: list[int]) -> bool:
+            if self._fits(ids, queries[c].prompt):
+                return True
+            self.skipped.append(queries[c].prompt.id)
+            return False
+
+        def config_for(c: int, k: int) -> GenerationConfig:
+            return GenerationConfig(cfg.max_new_tokens, self.sampling, record_seed(cfg.seed, queries[c].prompt.id, k))
+
+        def finished(c: int, k: int) -> GenerationRecord | None:
+            return self.store.done.get((label, self.bench, queries[c].prompt.id, k))
+
+        turns = generate_conversations(self.target, drafter, [q.prompt.turns for q in queries], config_for,
+                                       BatchConfig(cfg.batch_size, cfg.continuous), cfg.system_prompt, label,
+                                       finished=finished, admit=admit, groups=self.groups[label])
+        for c, record in turns:
+            query = queries[c]
+            record.bench, record.prompt_id, record.query_index = self.bench, query.prompt.id, query.index
+            record.config_hash = self.store.meta["config_hash"]
+            record.load_avg = machine_load.load_average()
+            self._store(label, record)
+
     # ---- divergence from vanilla ----------------------------------------------------------------
     def _store(self, label: str, record: GenerationRecord) -> None:
         """Append a finished turn; at T = 0 a method turn first gets its divergence from vanilla's turn
@@ -350,7 +396,32 @@ class Runner:
         for _, drafter in self.sides:
             if drafter.learns:
                 continue  # a warm-up query would already change what the drafter has learnt
+            if self.cfg.batch_size > 1:  # a full batch: the batched shapes are the ones timed
+                queue = deque(BatchRequest(i, ids, GenerationConfig(16, self.sampling, i))
+                              for i in range(self.cfg.batch_size))
+                for _ in generate_batch(self.target, drafter, queue, BatchConfig(self.cfg.batch_size)):
+                    pass
+                continue
             generate(self.target, drafter, ids, GenerationConfig(16, self.sampling, 0))
+
+    def _run_queries(self, progress: Progress, task) -> None:
+        for query in self.queries:
+            # Alternate which side goes first so slow drift does not favour any.
+            order = self.sides if query.index % 2 == 0 else self.sides[::-1]
+            for label, drafter in order:
+                self._run_side(label, drafter, query)
+            self._release_held()
+            progress.advance(task)
+
+    def _run_chunks(self, progress: Progress, task) -> None:
+        """--batch-size > 1: each side decodes a chunk of queries in batches, then the next side does;
+        which side goes first alternates per chunk, as it does per query at batch 1."""
+        size = self.cfg.batch_size * (CONTINUOUS_CHUNK if self.cfg.continuous else 1)
+        for n, chunk in enumerate(_chunks(self.queries, size)):
+            for label, drafter in self.sides if n % 2 == 0 else self.sides[::-1]:
+                self._run_side_batched(label, drafter, chunk)
+            self._release_held()
+            progress.advance(task, len(chunk))
 
     def run(self) -> list[GenerationRecord]:
         columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -363,13 +434,10 @@ class Runner:
                 names = ", ".join(label for label, _ in self.sides if label != BASELINE)
                 share = f" (rank 0 of {self.world.size})" if self.world.active else ""
                 task = progress.add_task(f"{names} on {self.bench}{share}", total=len(self.queries))
-                for query in self.queries:
-                    # Alternate which side goes first so slow drift does not favour any.
-                    order = self.sides if query.index % 2 == 0 else self.sides[::-1]
-                    for label, drafter in order:
-                        self._run_side(label, drafter, query)
-                    self._release_held()
-                    progress.advance(task)
+                if self.cfg.batch_size > 1:
+                    self._run_chunks(progress, task)
+                else:
+                    self._run_queries(progress, task)
             self.store.finish()
         finally:  # on a stop, the CLI's last line says what the store kept (interrupt.kept)
             self.store.close()
@@ -377,6 +445,10 @@ class Runner:
             distributed.barrier()  # every part is complete
             return self._merge_parts() if self.world.main else []
         return list(self.store.done.values())
+
+
+def _chunks(queries: list[Query], size: int) -> list[list[Query]]:
+    return [queries[i: i + size] for i in range(0, len(queries), size)]
 
 
 def _naming_prompt(records, prompt_id: str):
