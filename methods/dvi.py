@@ -206,6 +206,13 @@ class DVIDrafter(Drafter):
         super().__init__(options)
         self.learns = self.options.learn  # a frozen head may take the runner's warm-up
 
+    def batch_refusal(self) -> str | None:
+        # Even frozen, it drafts through the target's own first layers over the target's one-request cache,
+        # which a batch does not keep per request (the batched verify owns the requests' caches).
+        return super().batch_refusal() or ("drafts with the target's first layers over the target's one-request "
+                                           "cache, which a batch does not keep per request; run it with "
+                                           "--batch-size 1")
+
     def setup(self, target: Target) -> None:
         super().setup(target)
         o = self.options

@@ -11,6 +11,10 @@ acceptance is lossy and deliberately not implemented.
 Checkpoints: our format (``config.json`` + ``model.safetensors`` via training.checkpoint) or the
 official FasterDecoding/Medusa folder (``config.json`` with ``medusa_num_heads`` and
 ``medusa_lm_head.safetensors`` / ``medusa_lm_head.pt``).
+
+In a batch (``--batch-size``) the heads read every request's last kept hidden state in ONE forward per
+step ([B, H] rows; there is no drafter cache to keep ragged), and each request's tree is filled from
+its own row of the top-k.
 """
 
 from __future__ import annotations
@@ -414,3 +418,28 @@ class MedusaDrafter(Drafter):
 
     def end(self, state: DecodeState) -> dict:
         return {"medusa_heads": self.skeleton.num_heads, "medusa_tree_nodes": len(self.skeleton)}
+
+    # ---- batches: every request's heads in one forward -------------------------------------------
+    batched_drafting = True
+
+    def begin_batch(self, states, prefills) -> None:
+        # per request, the hidden state that seeds its next tree (end_batch drops the rows that leave)
+        self.row_hidden = getattr(self, "row_hidden", []) + [prefill.taps[-1][-1:].clone() for prefill in prefills]
+
+    def observe_batch(self, states, results) -> None:
+        self.row_hidden = [result.taps[-1][-1:].clone() for result in results]
+
+    def end_batch(self, rows, states) -> list[dict]:
+        gone = set(rows)
+        self.row_hidden = [h for b, h in enumerate(self.row_hidden) if b not in gone]
+        return [self.end(state) for state in states]
+
+    def propose_batch(self, states) -> list[DraftTree]:
+        if not len(self.skeleton):
+            return [DraftTree.empty() for _ in states]
+        with torch.inference_mode(), states[0].timer.forward("drafter"):
+            logits = self.heads(torch.cat(self.row_hidden), self.skeleton.num_heads).float()  # [K', B, V]
+            top = torch.topk(logits, self.topk, dim=-1)
+            top_lp = top.values - torch.logsumexp(logits, dim=-1, keepdim=True)
+        with states[0].timer.phase("tree_build"):
+            return [self.skeleton.tree(top.indices[:, b], top_lp[:, b]) for b in range(len(states))]

@@ -14,6 +14,11 @@ The memory follows the run's stream order, as DVI's and SpecBlock-adapt's learni
 drafter keeps it across queries, so it ``learns`` (no warm-up query, no --repeats; a resumed run
 starts with an empty memory).
 
+In a batch (``--batch-size``) every request drafts alone (one fork per request, see the drafter
+hooks) from the one cache that all of them share, as ArcticInference runs it under vLLM: the global
+tree holds the responses of the requests that have left and the partial responses of those decoding
+alongside (``batch_learning``), so what a request drafts depends on its neighbours, never what it commits.
+
 The suffix trees and the speculation are ArcticInference's own (``arctic_inference.suffix_decoding``,
 C++), the implementation vLLM and the paper's authors run; it runs on a CPU without any GPU stack
 (its suffix-tree extension needs only a C++ compiler and nanobind). It is an optional dependency
@@ -68,6 +73,7 @@ class SuffixDrafter(Drafter):
     Options = SuffixOptions
     budget_option = "max_spec"
     learns = True  # the global tree grows with every response of the stream
+    batch_learning = True  # concurrent requests share that tree by design (ArcticInference serves them so)
 
     def setup(self, target) -> None:
         from arctic_inference.suffix_decoding import SuffixDecodingCache
@@ -76,10 +82,11 @@ class SuffixDrafter(Drafter):
         self.cache = SuffixDecodingCache(max_tree_depth=self.options.depth,
                                          max_cached_requests=self.options.memory)
         self.responses: dict[int, list[int]] = {}  # what the global tree holds, to rebuild it (see __deepcopy__)
-        self.next_request = 0
+        self.next_request = [0]  # a batch's forks share it (and the cache): each request gets its own id
 
     def begin(self, state: DecodeState, prefill) -> None:
-        self.request, self.next_request = self.next_request, self.next_request + 1
+        self.request = self.next_request[0]
+        self.next_request[0] += 1
         self.cache.start_request(self.request, state.tokens[: state.prompt_len])
         self.responses[self.request] = []
         self._respond(state.tokens[state.prompt_len:])  # the prefill's token

@@ -23,7 +23,8 @@ other requests' prefills that stalled it, and a group's throughput is its tokens
 (max end - min start over the records of one ``batch.group``). See docs/usage.md.
 
 Methods that learn while serving (``Drafter.learns``) are refused: their updates follow the stream
-one request after another, and a batch interleaves requests.
+one request after another, and a batch interleaves requests; a learner whose memory concurrent
+requests share by design (``Drafter.batch_learning``) is the exception.
 """
 
 from __future__ import annotations
@@ -67,10 +68,9 @@ class BatchRequest:
 
 def check_batchable(drafter: Drafter) -> None:
     """One line for a method that cannot share a batch (before anything runs)."""
-    if drafter.learns:
-        raise SpecbenchError(f"{drafter.name or type(drafter).__name__} learns while serving: each update follows "
-                             "one request after another in the stream, which a batch interleaves; run it with "
-                             "--batch-size 1")
+    reason = drafter.batch_refusal()
+    if reason:
+        raise SpecbenchError(f"{drafter.name or type(drafter).__name__} {reason}")
 
 
 @dataclass(eq=False)

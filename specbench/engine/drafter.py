@@ -71,6 +71,10 @@ class Drafter:
     Options: ClassVar[type] = NoOptions
     taps: tuple[int, ...] = ()  # hidden_states indices of the target this drafter reads
     learns: ClassVar[bool] = False  # True if the drafter updates itself while serving (no warm-up, stream order matters)
+    # A learner whose memory concurrent requests share by design (suffix decoding's global tree, as a
+    # server runs it) may share a batch; any other learner's updates follow one request after another,
+    # which a batch interleaves, so it is refused a batch (``batch_loop.check_batchable``).
+    batch_learning: ClassVar[bool] = False
     # Options that name weights: a local folder/file or a hub id ``org/name[@rev]``; a ``revision``
     # option, where the method has one, applies to the first.
     weight_options: ClassVar[tuple[str, ...]] = ()
@@ -175,6 +179,14 @@ class Drafter:
     # drafter per request: right for every method, one drafter call per request per step. A method that
     # drafts the whole batch in one forward per step overrides all four and sets ``batched_drafting``.
     batched_drafting: bool = False
+
+    def batch_refusal(self) -> str | None:
+        """Why this drafter cannot share a batch, in words that follow its name (None: it can); the run
+        refuses ``--batch-size`` > 1 with it before any model loads."""
+        if self.learns and not self.batch_learning:
+            return ("learns while serving: each update follows one request after another in the stream, which a "
+                    "batch interleaves; run it with --batch-size 1")
+        return None
 
     def fork(self) -> "Drafter":
         """A drafter for one request of a batch: shares this one's weights and setup, and gets its own

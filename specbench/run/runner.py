@@ -132,13 +132,11 @@ class Runner:
         if cfg.repeats > 1 and learners:
             raise SpecbenchError(f"--repeats {cfg.repeats} would feed every query {cfg.repeats} times to "
                                  f"{', '.join(learners)}, which learn while serving; time them with --repeats 1")
-        if cfg.batch_size > 1:  # an instance may learn where its class does not (SpS's heuristic schedule)
-            batch_learners = learners or [spec.label for spec, cls, opts in parsed if cls(opts).learns]
-            if batch_learners:
-                verb = "learns" if len(batch_learners) == 1 else "learn"
-                raise SpecbenchError(f"{', '.join(batch_learners)} {verb} while serving: each update follows one "
-                                     "request after another in the stream, which a batch interleaves; run with "
-                                     "--batch-size 1")
+        if cfg.batch_size > 1:  # per instance: its options may decide (SpS's heuristic schedule, DVI's learn=false)
+            for spec, cls, opts in parsed:
+                reason = cls(opts).batch_refusal()
+                if reason:
+                    raise SpecbenchError(f"{spec.label} {reason}")
         prompts = cfg.prompts if cfg.prompts is not None else load_stream_prompts(
             cfg.bench, cfg.data_dir, limit=cfg.limit, sample=cfg.sample, seed=cfg.seed, category=cfg.category)
         self.world = distributed.init(cfg.device)

@@ -1,0 +1,176 @@
+"""Every method that may share a batch, lossless per request (tiny random models, fp32, T = 0): four
+requests of mixed prompt lengths decode together, one stops at EOS inside an accepted chain, one accepts
+nothing, and each request's text equals its batch-1 vanilla text. For the methods that draft the whole
+batch in one drafter forward per step (``Drafter.batched_drafting``), every request's draft tree at every
+step equals the tree the per-request drafting (one fork per request, the drafter hooks' default) gives it
+in the same batch: that is what shows the ragged drafter cache right. Methods refused a batch say why in
+one line."""
+
+from __future__ import annotations
+
+import copy
+from collections import deque
+
+import pytest
+import torch
+
+from specbench.engine.batch_loop import BatchConfig, BatchRequest, generate_batch
+from specbench.engine.drafter import Drafter
+from specbench.engine.loop import GenerationConfig, generate
+from specbench.engine.tree import DraftTree
+from specbench.engine.vanilla import VanillaDrafter
+from specbench.errors import SpecbenchError
+from test_deep_sampling import CASES
+
+# Mixed lengths (the longest is more than twice the others, so rows carry wide dead gaps).
+PROMPTS = [(1, 3, 0, 2), (2,), (0, 1, 2, 3, 3, 2, 1, 0, 1, 2, 0), (3, 3, 3, 3, 3, 3)]
+TOKENS = 20
+# Learners whose updates follow the stream request by request, and DVI (it drafts through the target's own
+# one-request cache): refused a batch.
+REFUSED = {"dvi", "dvi-kl", "dvi-pg", "dvi-ce", "specblock-adapt", "specblock-osd"}
+BATCHED = {"sps", "eagle3", "medusa"}  # one drafter forward per step / depth for the whole batch
+METHODS = sorted(set(CASES) - REFUSED)
+COPYING = {"vanilla", "pld", "lookahead", "suffix"}  # drafts copied from text: no new token inside a chain
+
+
+def build(name: str):
+    target, drafter = CASES[name][0]()
+    drafter.setup(target)
+    return target, drafter
+
+
+def forked(drafter: Drafter) -> Drafter:
+    """The same drafter (weights, setup) drafting each request of a batch on its own fork."""
+    hooks = {hook: getattr(Drafter, hook) for hook in ("begin_batch", "propose_batch", "observe_batch", "end_batch")}
+    twin = copy.copy(drafter)
+    twin.__class__ = type(f"Forked{type(drafter).__name__}", (type(drafter),), {**hooks, "batched_drafting": False})
+    return twin
+
+
+def configs(eos_row: int) -> list[GenerationConfig]:
+    """Only ``eos_row`` stops at EOS (a 4-token vocabulary: every text meets the EOS token soon)."""
+    return [GenerationConfig(max_new_tokens=TOKENS, stop_on_eos=b == eos_row) for b in range(len(PROMPTS))]
+
+
+def choose_eos(target, drafter) -> tuple[int, int, bool]:
+    """(request, token, inside): a token that first appears in a request's text inside an accepted chain
+    (not as the step's bonus), from each request decoded alone, inside = True; failing that (drafts copied
+    from the text itself never bring a new token), a token that first appears after a few tokens of the
+    first request's text, inside = False."""
+    texts = []
+    for b, prompt in enumerate(PROMPTS):
+        record = generate(target, drafter, list(prompt), GenerationConfig(max_new_tokens=TOKENS, stop_on_eos=False))
+        texts.append(record.new_tokens)
+        seen, start = {record.new_tokens[0]}, 1  # the prefill's token
+        for accepted in record.accept_lengths:
+            step = record.new_tokens[start: start + accepted + 1]
+            fresh = [t for t in step[:-1] if t not in seen]
+            if fresh and start + accepted < TOKENS:
+                return b, fresh[0], True
+            seen.update(step)
+            start += accepted + 1
+    first = texts[0]
+    return 0, next(t for i, t in enumerate(first[2:], 2) if t not in first[:i]), False
+
+
+def rejecting(drafter: Drafter, target, prompt: tuple[int, ...]) -> Drafter:
+    """``drafter`` whose tree for ``prompt`` gets, each step, the target's least likely next token on every
+    child of the root (its shape kept: a drafter may read its own rows back), so that request accepts
+    nothing while its neighbours draft as usual."""
+    real = drafter.propose_batch
+
+    def propose_batch(states):
+        trees = real(states)
+        for b, state in enumerate(states):
+            if tuple(state.tokens[: state.prompt_len]) == prompt and len(trees[b]):
+                with torch.no_grad():
+                    wrong = int(target.model(torch.tensor([state.tokens])).logits[0, -1].argmin())
+                tree = trees[b]
+                trees[b] = DraftTree([wrong if p == -1 else t for t, p in zip(tree.token_list, tree.parent_list)],
+                                     tree.parent_list)
+        return trees
+
+    drafter.propose_batch = propose_batch
+    return drafter
+
+
+def recording(drafter: Drafter, trees: dict) -> Drafter:
+    """Keep every request's draft tree per step, by prompt: (tokens, parents)."""
+    real = drafter.propose_batch
+
+    def propose_batch(states):
+        out = real(states)
+        for state, tree in zip(states, out):
+            trees.setdefault(tuple(state.tokens[: state.prompt_len]), []).append((tree.token_list, tree.parent_list))
+        return out
+
+    drafter.propose_batch = propose_batch
+    return drafter
+
+
+def run_batch(target, drafter, cfgs, batch: BatchConfig) -> list:
+    queue = deque(BatchRequest(b, list(p), c) for b, (p, c) in enumerate(zip(PROMPTS, cfgs)))
+    records = {request.key: record for request, record in generate_batch(target, drafter, queue, batch)}
+    return [records[b] for b in range(len(PROMPTS))]
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_each_request_decodes_its_batch1_vanilla_text_whatever_its_neighbours(name):
+    target, drafter = build(name)
+    eos_row, eos, inside = choose_eos(target, drafter)
+    assert inside or name in COPYING, f"{name}: no request met a new token inside an accepted chain"
+    target.eos_token_ids = {eos}
+    cfgs = configs(eos_row)
+    vanilla = VanillaDrafter()
+    vanilla.setup(target)
+    expected = [generate(target, vanilla, list(p), c).new_tokens for p, c in zip(PROMPTS, cfgs)]
+    quiet = (eos_row + 1) % len(PROMPTS)  # the request that accepts nothing
+    for batch in (BatchConfig(4), BatchConfig(3, continuous=True)):
+        target, drafter = build(name)  # fresh: a learner's memory starts as it did alone
+        target.eos_token_ids = {eos}
+        records = run_batch(target, rejecting(drafter, target, PROMPTS[quiet]), cfgs, batch)
+        assert [r.new_tokens for r in records] == expected, batch
+        assert max(records[quiet].accept_lengths) == 0
+        assert all(r.batch["batched_drafting"] == (name in BATCHED) for r in records)
+        stopped = records[eos_row]
+        assert stopped.stop_reason == "eos" and stopped.new_tokens[-1] == eos
+        assert any(len(r.new_tokens) > len(stopped.new_tokens) for r in records)  # the others decoded on
+        if inside and name != "suffix":  # suffix drafts from its neighbours' text too: its chains are not batch 1's
+            # the EOS came inside an accepted chain: the step committed past it (+ 1: the prefill's token)
+            assert 1 + stopped.committed > len(stopped.new_tokens)
+
+
+@pytest.mark.parametrize("name", sorted(BATCHED))
+def test_batched_drafts_equal_per_request_drafts(name):
+    """Same batch, same neighbours (one stops at EOS, one accepts nothing): the batched drafter's trees are
+    those of one fork per request, token for token and parent for parent, at every step."""
+    trees: dict[str, dict] = {"batched": {}, "forked": {}}
+    for mode in trees:
+        target, drafter = build(name)
+        assert drafter.batched_drafting
+        target.eos_token_ids = {0}
+        drafter = drafter if mode == "batched" else forked(drafter)
+        recording(rejecting(drafter, target, PROMPTS[1]), trees[mode])
+        records = run_batch(target, drafter, configs(2), BatchConfig(4))
+        assert records[2].stop_reason == "eos" and max(records[1].accept_lengths) == 0
+        assert all(r.batch["batched_drafting"] == (mode == "batched") for r in records)
+    assert trees["batched"] == trees["forked"]
+    assert sum(len(steps) for steps in trees["batched"].values()) > len(PROMPTS)
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_methods_refused_a_batch_say_why_before_anything_runs(name):
+    target, drafter = build(name)
+    queue = deque([BatchRequest(0, [1, 2])])
+    with pytest.raises(SpecbenchError, match="--batch-size 1"):
+        next(generate_batch(target, drafter, queue, BatchConfig(2)))
+    assert len(queue) == 1
+
+
+def test_a_frozen_dvi_head_is_refused_too():
+    """A frozen head does not learn, but it drafts through the target's one-request cache."""
+    target, drafter = CASES["dvi"][0]()
+    drafter.options.learn = False
+    drafter.learns = False
+    drafter.setup(target)
+    assert "one-request cache" in drafter.batch_refusal()
