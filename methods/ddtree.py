@@ -9,6 +9,9 @@ acceptance length (Props. 1-3). They are found best-first over rank tuples with 
             phase turns it into depth positions and the ancestor-only mask, as for every method
     follow  the engine's walk: greedy at T = 0, rule A (sample from the target, match a child) at T > 0
 
+In a batch the DFlash forward drafts every request at once (methods/dflash.py) and each request's
+tree is built from its own marginals.
+
 Budget B counts drafted nodes (the root, the bonus token, is not one). The paper sweeps
 B in {16, ..., 1024} and peaks at 256-512 on an H200; on this CPU a verify of 16 nodes costs
 ~1.2x one token and 64 nodes ~2.3x (reports/cost_table.md), so our default is 32.
@@ -100,10 +103,9 @@ class DDTreeDrafter(DFlashDrafter):
     def __init__(self, options: DDTreeOptions | None = None, model=None) -> None:
         super().__init__(options, model)
 
-    def propose(self, state: DecodeState) -> DraftTree:
-        log_q = self.block_log_probs(state)  # untempered: the tree ignores T (rule A keeps it lossless)
-        with state.timer.phase("tree_build"):
-            return ddtree_from_log_probs(log_q, self.options.budget, self.model.to_target_ids)
+    def tree_from(self, log_q: torch.Tensor) -> DraftTree:
+        # untempered marginals: the tree ignores T (rule A keeps it lossless)
+        return ddtree_from_log_probs(log_q, self.options.budget, self.model.to_target_ids)
 
     def end(self, state: DecodeState) -> dict:
         return {"block_size": self.model.block_size, "budget": self.options.budget}

@@ -22,6 +22,11 @@ with ``dflash_config.target_layer_ids`` / ``mask_token_id`` and ``block_size``, 
 top level as z-lab's ``_draft_value`` does; whole or sharded weights); module names follow the
 published keys, so one state-dict layout serves both.
 
+In a batch (``--batch-size``) one drafter forward serves every request: the newly committed context
+rows of all requests (right-padded to the longest) are encoded together into a ragged context cache
+(per layer a ``RaggedKV``: one row per request at its own length), and every request's block reads its
+own committed context through the mask, at its own positions.
+
 Per-layer attention (z-lab ``Qwen3DFlashAttention``): a ``sliding_attention`` layer of ``layer_types``
 is causal inside the block and sees keys less than ``sliding_window`` positions back; a
 ``full_attention`` layer is bidirectional; a config-wide ``is_causal`` overrides the causality of
@@ -42,6 +47,7 @@ from methods.checkpoints import (check_layer_shapes, load_checked, load_ours_or_
                                  save_ours, shipped_drafter)
 from methods.layers import KV, DecoderLayer, LayerShapes, RMSNorm, Rotary, official_layer_shapes, target_layer_shapes
 from methods.speculators_layout import is_speculators, speculators_dflash
+from specbench.engine.batch_cache import RaggedKV
 from specbench.engine.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
 from specbench.options import option
@@ -524,10 +530,72 @@ class DFlashDrafter(Drafter):
     def propose(self, state: DecodeState) -> DraftTree:
         log_q = self.block_log_probs(state)
         with state.timer.phase("tree_build"):
-            return DraftTree.chain(self.model.to_target_ids(log_q.argmax(-1)).cpu(), kind=SiblingKind.DETERMINISTIC)
+            return self.tree_from(log_q)
+
+    def tree_from(self, log_q: torch.Tensor) -> DraftTree:
+        """The draft of one block's marginals log_q [L-1, draft V]: the chain of argmaxes."""
+        return DraftTree.chain(self.model.to_target_ids(log_q.argmax(-1)).cpu(), kind=SiblingKind.DETERMINISTIC)
 
     def end(self, state: DecodeState) -> dict:
         return {"block_size": self.model.block_size}
+
+    # ---- batches: every request's context and block in one drafter forward -----------------------
+    batched_drafting = True
+
+    def begin_batch(self, states, prefills) -> None:
+        if not getattr(self, "rows", None):  # a batch that emptied starts a fresh context cache
+            cfg = self.model.config
+            self.rows = [RaggedKV(cfg.num_key_value_heads, cfg.head_dim, self.target.device, self.model.dtype)
+                         for _ in range(cfg.num_hidden_layers)]
+            self.row_pending: list[torch.Tensor] = []
+        for layer in self.rows:
+            layer.add_empty(len(states))
+        self.row_pending += [self.model.features(prefill.taps) for prefill in prefills]
+
+    def observe_batch(self, states, results) -> None:
+        self.row_pending = [self.model.features(result.taps) for result in results]
+
+    def end_batch(self, rows, states) -> list[dict]:
+        for layer in self.rows:
+            layer.remove(rows)
+        gone = set(rows)
+        self.row_pending = [p for b, p in enumerate(self.row_pending) if b not in gone]
+        return [self.end(state) for state in states]
+
+    def propose_batch(self, states) -> list[DraftTree]:
+        log_q = self.block_log_probs_batch(states)
+        with states[0].timer.phase("tree_build"):
+            return [self.tree_from(row) for row in log_q]
+
+    @torch.inference_mode()
+    def block_log_probs_batch(self, states) -> torch.Tensor:
+        """``block_log_probs`` of every request in ONE drafter forward -> [B, L-1, draft V]."""
+        m, device = self.model, self.target.device
+        lengths, counts = self.rows[0].lengths, [p.shape[0] for p in self.row_pending]
+        bonus_pos = [len(state.tokens) - 1 for state in states]
+        for length, count, pos in zip(lengths, counts, bonus_pos):
+            if length + count != pos:
+                raise RuntimeError(f"dflash: context covers {length + count} positions, expected {pos}")
+        b, n, size = len(states), max(counts), m.block_size
+        features = self.row_pending[0].new_zeros(b, n, self.row_pending[0].shape[-1])
+        for row, pending in enumerate(self.row_pending):
+            features[row, : counts[row]] = pending
+        ids = torch.full((b, size), m.config.mask_token_id, dtype=torch.long)
+        ids[:, 0] = torch.tensor([state.bonus for state in states])
+        offsets = torch.arange(max(n, size), device=device)
+        starts = torch.tensor(lengths, device=device)[:, None]
+        with states[0].timer.forward("drafter"):
+            new = m.context_kv(m.context(features), starts + offsets[:n])  # padding rows are dropped by keep
+            for layer, (keys, values) in zip(self.rows, new):
+                layer.keep((torch.cat([layer.keys, keys], 2), torch.cat([layer.values, values], 2)),
+                           [range(c) for c in counts])
+            live = self.rows[0].live()[:, None, :].expand(-1, size, -1)  # each block sees its own context
+            visible = torch.cat([live, live.new_ones(b, size, size)], 2)[:, None]
+            positions = torch.tensor(bonus_pos, device=device)[:, None] + offsets[:size]
+            hidden = m(ids.to(device), positions, [layer.past for layer in self.rows], visible)
+            logits = m.logits(hidden[:, 1:]).float()
+        self.row_pending = [p[:0] for p in self.row_pending]
+        return logits.log_softmax(-1)
 
 
 def choose_mask_token(tokenizer, examples: Sequence[dict]) -> int:

@@ -28,13 +28,24 @@ TOKENS = 20
 # Learners whose updates follow the stream request by request, and DVI (it drafts through the target's own
 # one-request cache): refused a batch.
 REFUSED = {"dvi", "dvi-kl", "dvi-pg", "dvi-ce", "specblock-adapt", "specblock-osd"}
-BATCHED = {"sps", "eagle3", "medusa"}  # one drafter forward per step / depth for the whole batch
+BATCHED = {"sps", "eagle3", "medusa", "dflash", "ddtree"}  # one drafter forward per step / depth for the whole batch
 METHODS = sorted(set(CASES) - REFUSED)
 COPYING = {"vanilla", "pld", "lookahead", "suffix"}  # drafts copied from text: no new token inside a chain
 
 
+def sliding_ddtree():
+    """DDTree over a DFlash drafter whose layer is causal with a 3-position window (z-lab's sliding layers):
+    the window is counted in positions, which differ per request in a batch."""
+    target, drafter = CASES["ddtree"][0]()
+    drafter.model.config.layer_types, drafter.model.config.sliding_window = ["sliding_attention"], 3
+    return target, drafter
+
+
+BUILDS = {name: build for name, (build, _) in CASES.items()} | {"ddtree-sliding": sliding_ddtree}
+
+
 def build(name: str):
-    target, drafter = CASES[name][0]()
+    target, drafter = BUILDS[name]()
     drafter.setup(target)
     return target, drafter
 
@@ -140,7 +151,7 @@ def test_each_request_decodes_its_batch1_vanilla_text_whatever_its_neighbours(na
             assert 1 + stopped.committed > len(stopped.new_tokens)
 
 
-@pytest.mark.parametrize("name", sorted(BATCHED))
+@pytest.mark.parametrize("name", sorted(BATCHED | {"ddtree-sliding"}))
 def test_batched_drafts_equal_per_request_drafts(name):
     """Same batch, same neighbours (one stops at EOS, one accepts nothing): the batched drafter's trees are
     those of one fork per request, token for token and parent for parent, at every step."""
