@@ -16,6 +16,12 @@ prefix before step i and drafts 1..m of its own step (Fig. 5), binary cross-entr
 the loss are here (they share the row convention with inference); `specbench train pacer` is
 ``pacer_train.py``.
 
+In a batch (``--batch-size``) every request's chain is drafted together: one draft-model forward per
+chain position and one M_B forward per block for the whole batch, each over a ragged cache (a row per
+request at its own length, ``engine/batch_cache.py``); every request stops on its own threshold, and a
+request that has stopped rides along in the forwards that remain (its rows are dropped, never cached).
+A request's draft model and M_B read its prompt when it joins (timed with its prefill).
+
 Row convention shared by training and inference: the M_B row of the token at position p is M_D's
 final hidden state at position p − 1 (the state whose logits produced that token), at RoPE position
 p. Position 0 (no producing state) has no row.
@@ -24,7 +30,7 @@ p. Position 0 (no producing state) has no row.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +38,10 @@ import torch.nn.functional as F
 from methods.checkpoints import shipped_drafter
 from methods.sps import SpSDrafter
 from specbench.engine import kvcache
+from specbench.engine.batch_cache import RaggedCache
+from specbench.engine.batch_target import forward_rows, pack_rows
 from specbench.engine.drafter import DecodeState
+from specbench.engine.tree import DraftTree, SiblingKind
 from specbench.errors import SpecbenchError
 from specbench.options import option
 from specbench.engine.target import Target, resolve_dtype
@@ -408,13 +417,169 @@ class PacerDrafter(SpSDrafter):
         return alpha.tolist()
 
     def end(self, state: DecodeState) -> dict:
-        steps = max(len(self.lengths), 1)
-        scored = [a for step in self.step_alphas for a in step]
-        return {"mean_gamma": sum(self.lengths) / steps, "gamma_hist": _histogram(self.lengths),
-                "preverify_calls": sum(len(a) for a in self.step_alphas) // self.options.block,
-                "mean_alpha": sum(scored) / max(len(scored), 1),
-                "cap_hits": self.cap_hits, "block": self.options.block, "threshold": self.options.threshold,
+        return self._stats(self.lengths, self.step_alphas, self.cap_hits)
+
+    def _stats(self, lengths: list[int], step_alphas: list[list[float]], cap_hits: int) -> dict:
+        steps = max(len(lengths), 1)
+        scored = [a for step in step_alphas for a in step]
+        return {"mean_gamma": sum(lengths) / steps, "gamma_hist": _histogram(lengths),
+                "preverify_calls": sum(len(a) for a in step_alphas) // self.options.block,
+                # 4 decimals: a batch chunks M_B's forwards differently, which moves the mean in its 8th
+                "mean_alpha": round(sum(scored) / max(len(scored), 1), 4),
+                "cap_hits": cap_hits, "block": self.options.block, "threshold": self.options.threshold,
                 "rho": self.options.rho}
+
+    # ---- batches: every request's chain in one draft forward per position, one M_B forward per block ----
+    @property
+    def batched_drafting(self) -> bool:
+        return True
+
+    def begin_batch(self, states, prefills) -> None:
+        from transformers import DynamicCache
+
+        if not getattr(self, "rows", None):  # a batch that emptied starts fresh caches
+            self.rows, self.mb_ragged, self.row_state = RaggedCache(), RaggedCache(), []
+        for state in states:
+            prompt = state.tokens[: state.prompt_len]
+            draft_cache, mb_cache = DynamicCache(), DynamicCache()
+            with torch.inference_mode():
+                with state.timer.forward("drafter"):
+                    out = self.model(input_ids=torch.tensor([prompt], device=self.device), use_cache=True,
+                                     output_hidden_states=True, **kvcache.cache_arg(self.model, draft_cache))
+                hidden = out.hidden_states[-1][0].to(self.mb.head.weight.dtype)
+                # M_B rows of the committed prompt tokens 1..P-1 (token p reads state p - 1); one row to
+                # build the cache from when there are none (a one-token prompt), cached as zero rows.
+                rows = max(len(prompt) - 1, 1)
+                with state.timer.forward("preverify"):
+                    self.mb(hidden[:rows][None], torch.zeros(1, rows, dtype=torch.long, device=self.device),
+                            torch.arange(1, rows + 1, device=self.device)[None], cache=mb_cache)
+            self.rows.add(draft_cache, len(prompt))
+            self.mb_ragged.add(mb_cache, len(prompt) - 1)
+            self.row_state.append(_PacerRow(tokens=list(prompt), hidden=hidden, mb_done=len(prompt) - 1))
+
+    def observe_batch(self, states, results) -> None:
+        pass  # the threshold resets every step: nothing to learn from a verify
+
+    def end_batch(self, rows, states) -> list[dict]:
+        self.rows.remove(rows)
+        self.mb_ragged.remove(rows)
+        leaving = [self.row_state[b] for b in rows]
+        self.row_state = [r for b, r in enumerate(self.row_state) if b not in set(rows)]
+        return [self._stats(r.lengths, r.step_alphas, r.cap_hits) for r in leaving]
+
+    def propose_batch(self, states) -> list[DraftTree]:
+        o, timer = self.options, states[0].timer
+        feeds = []
+        for b, (state, row) in enumerate(zip(states, self.row_state)):  # keep the longest cached prefix still committed
+            keep, limit = 0, min(len(row.tokens), len(state.tokens) - 1)
+            while keep < limit and row.tokens[keep] == state.tokens[keep]:
+                keep += 1
+            self.rows.truncate(b, keep)
+            self.mb_ragged.truncate(b, row.mb_done)
+            row.hidden = row.hidden[:keep]
+            feeds.append(state.tokens[keep:])
+            row.step_alphas.append([])
+        n = [len(state.tokens) for state in states]  # each request's first draft sits at position n
+        thresholds = [o.threshold] * len(states)  # reset every step (the paper's pseudo-code never does)
+        drafting = [True] * len(states)
+        drafts: list[list[int]] = [[] for _ in states]
+        qs: list[list[torch.Tensor]] = [[] for _ in states]
+        greedy = [state.params.greedy for state in states]
+        while any(drafting):
+            logits = self._ragged_draft(feeds, drafting, timer)
+            picks = logits.argmax(-1).tolist() if any(greedy) else None
+            for b, state in enumerate(states):
+                if drafting[b]:
+                    token, q = (picks[b], None) if greedy[b] else self._pick(logits[b], state)
+                    drafts[b].append(token)
+                    qs[b].append(q)
+            depth = len(drafts[drafting.index(True)])  # every request still drafting has this many drafts
+            if depth % o.block == 0 and depth < o.max_gamma:
+                alphas = self._ragged_preverify(n, depth - o.block + 1, depth, drafting, timer)
+            for b, row in enumerate(self.row_state):
+                if not drafting[b]:
+                    continue
+                if depth >= o.max_gamma:
+                    row.cap_hits += 1
+                    drafting[b] = False
+                elif depth % o.block == 0:
+                    row.step_alphas[-1].extend(alphas[b])
+                    if keep_drafting(alphas[b], thresholds[b]):
+                        thresholds[b] *= o.rho
+                    else:
+                        drafting[b] = False
+            feeds = [[chain[-1]] for chain in drafts]
+        for state, row, chain in zip(states, self.row_state, drafts):
+            row.tokens = state.tokens + chain[:-1]
+            row.lengths.append(len(chain))
+        return [DraftTree.chain(chain) if exact else
+                DraftTree.chain(chain, q=torch.stack(q), kind=SiblingKind.SAMPLED_IID)
+                for chain, q, exact in zip(drafts, qs, greedy)]
+
+    def _ragged_draft(self, feeds: list[list[int]], drafting: list[bool], timer) -> torch.Tensor:
+        """One draft forward over the feeds of the requests still drafting (the others ride along uncached);
+        keeps every fed position's final state; [B, V] logits at each last token."""
+        dtype = next(self.model.parameters()).dtype
+        starts = list(self.rows.lengths)
+        packed = pack_rows([(feed, range(-1, len(feed) - 2)) for feed in feeds], self.rows, self.device, dtype)
+        out = forward_rows(self.model, self.rows, packed, taps=(-1,), timer=timer, owner="drafter")
+        self.rows.commit(packed.width, [range(len(feed)) if live else [] for feed, live in zip(feeds, drafting)])
+        states = out.hidden_states[-1]
+        for b, (row, feed, start) in enumerate(zip(self.row_state, feeds, starts)):
+            if drafting[b]:
+                row.hidden = torch.cat([row.hidden[:start], states[b, : len(feed)].to(row.hidden.dtype)])
+        last = torch.tensor([len(feed) - 1 for feed in feeds], device=out.logits.device)
+        return out.logits[torch.arange(len(feeds), device=last.device), last, : self.vocab]
+
+    def _ragged_preverify(self, n: list[int], first: int, last: int, drafting: list[bool], timer) -> list[list[float]]:
+        """``_preverify`` of every request still drafting in ONE M_B forward (the others ride along uncached);
+        the predicted acceptance of drafts first..last per request ([] for the others)."""
+        blocks = []
+        for row, start, live in zip(self.row_state, n, drafting):
+            if not live:  # one row to ride along
+                blocks.append((row.hidden.new_zeros(1, row.hidden.shape[-1]), [0], [1]))
+                continue
+            done = row.mb_done  # committed token p (done < p < n) reads state p - 1; draft i reads n + i - 2
+            blocks.append((torch.cat([row.hidden[done: start - 1], row.hidden[start + first - 2: start + last - 1]]),
+                           [0] * (start - 1 - done) + list(range(first, last + 1)),
+                           list(range(done + 1, start)) + list(range(start + first - 1, start + last))))
+        q, width = max(len(b[1]) for b in blocks), self.mb_ragged.width
+        dtype = self.mb.head.weight.dtype
+        rows = blocks[0][0].new_zeros(len(blocks), q, blocks[0][0].shape[-1])
+        draft_pos = torch.zeros(len(blocks), q, dtype=torch.long)
+        positions = torch.zeros(len(blocks), q, dtype=torch.long)
+        for b, (hidden, pos_in_step, pos) in enumerate(blocks):
+            rows[b, : len(pos)] = hidden
+            draft_pos[b, : len(pos)] = torch.tensor(pos_in_step)
+            positions[b, : len(pos)] = torch.tensor(pos)
+        causal = torch.ones(q, q, dtype=torch.bool, device=self.device).tril()  # padding rows see the real ones
+        see = torch.cat([self.mb_ragged.live(self.device)[:, None, :].expand(-1, q, -1),
+                         causal.expand(len(blocks), q, q)], 2)
+        mask = torch.zeros(see.shape, dtype=dtype, device=self.device).masked_fill_(~see, torch.finfo(dtype).min)
+        with torch.inference_mode(), timer.forward("preverify"):
+            logits = self.mb(rows, draft_pos.to(self.device), positions.to(self.device), attention_mask=mask[:, None],
+                             cache=self.mb_ragged.cache)
+        self.mb_ragged.commit(width, [range(len(b[1])) if live else [] for b, live in zip(blocks, drafting)])
+        alphas = torch.sigmoid(logits.float()).tolist()
+        out = []
+        for b, (row, (_, pos_in_step, _), start) in enumerate(zip(self.row_state, blocks, n)):
+            if drafting[b]:
+                row.mb_done = start - 1
+            out.append(alphas[b][len(pos_in_step) - (last - first + 1): len(pos_in_step)] if drafting[b] else [])
+        return out
+
+
+@dataclass(eq=False)
+class _PacerRow:
+    """One request of a batch: the tokens its draft cache holds, M_D's final state at each of them, the
+    committed M_B rows, and its record's statistics."""
+
+    tokens: list[int]
+    hidden: torch.Tensor  # [positions fed, H]
+    mb_done: int  # committed tokens (positions 1..mb_done) whose M_B rows are cached
+    lengths: list[int] = field(default_factory=list)
+    step_alphas: list[list[float]] = field(default_factory=list)
+    cap_hits: int = 0
 
 
 def _histogram(values: list[int]) -> dict[str, int]:
