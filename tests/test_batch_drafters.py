@@ -22,6 +22,7 @@ from specbench.engine.tree import DraftTree
 from specbench.engine.verify import SamplingParams
 from specbench.engine.vanilla import VanillaDrafter
 from specbench.errors import SpecbenchError
+from test_cli import base_args, cli, read
 from test_deep_sampling import CASES
 
 # Mixed lengths (the longest is more than twice the others, so rows carry wide dead gaps).
@@ -203,3 +204,24 @@ def test_sampled_chains_drafted_together_draw_what_each_request_draws_alone(name
     assert [r.new_tokens for r in records] == [r.new_tokens for r in alone]
     assert [r.tree_sizes for r in records] == [r.tree_sizes for r in alone]
     assert len({n for r in records for n in r.tree_sizes}) > 1 or name == "sps"  # PACER: chains of several lengths
+
+
+def test_a_batched_run_says_per_side_how_it_drafted(models, tmp_path, capsys):
+    """The header names, per side, whether it drafts the batch in one forward; each record says it too."""
+    out = tmp_path / "b.jsonl"
+    args = base_args(models, out, "--batch-size", "2", "--also", "pld",
+                     "--also", f"sps@draft={models['draft']}@gamma=3@schedule=heuristic_transient@label=sps-transient")
+    code, _, stderr = cli(args, capsys)
+    assert code == 0, stderr
+    header, *records = read(out)
+    drafting = header["meta"]["batched_drafting"]
+    assert drafting == {"sps": True, "pld": False, "sps-transient": False, "vanilla": False}
+    assert records and all(r["batch"]["batched_drafting"] == drafting[r["method"]] for r in records)
+
+
+def test_a_frozen_dvi_head_is_refused_a_batch_before_the_target_loads(tmp_path, capsys):
+    out = tmp_path / "dvi.jsonl"
+    code, _, stderr = cli(["run", "--method", "dvi", "--opt", "learn=false", "--bench", "humaneval", "--batch-size", "2",
+                           "--out", str(out)], capsys)  # the default target: refused before it loads
+    assert code == 2 and "dvi drafts with the target's first layers" in stderr and "--batch-size 1" in stderr
+    assert "Traceback" not in stderr and not out.exists()

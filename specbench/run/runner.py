@@ -158,6 +158,9 @@ class Runner:
                 "methods": {spec.label: cls.report_names() for spec, cls, _ in parsed}
                 | ({BASELINE: method_class(BASELINE).report_names()} if with_baseline else {}),
                 "world_size": self.world.size}
+        if cfg.batch_size > 1:  # per side: one drafter forward for the whole batch (true) or one per request
+            meta["batched_drafting"] = {spec.label: bool(cls(opts).batched_drafting) for spec, cls, opts in parsed} \
+                | ({BASELINE: False} if with_baseline else {})
         self.out = Path(cfg.out or default_out(cfg))
         if cfg.out is None:
             check_label_path(self.out, cfg.method_label)
