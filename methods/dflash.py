@@ -543,7 +543,7 @@ class DFlashDrafter(Drafter):
     batched_drafting = True
 
     def begin_batch(self, states, prefills) -> None:
-        if not getattr(self, "rows", None):  # a batch that emptied starts a fresh context cache
+        if not hasattr(self, "rows"):  # the first batch: a context cache per layer (rows come and go with requests)
             cfg = self.model.config
             self.rows = [RaggedKV(cfg.num_key_value_heads, cfg.head_dim, self.target.device, self.model.dtype)
                          for _ in range(cfg.num_hidden_layers)]

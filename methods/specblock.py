@@ -24,6 +24,12 @@ cross-block keys are transient. ``bonus_row`` picks how block 1 reads the last c
 code), a transient copy one position later that sees every cached group, the pair's own included.
 A drafter runs the convention its checkpoint records unless told otherwise.
 
+In a batch (``--batch-size``) every forward serves the whole batch: one forward encodes every request's
+newly committed pairs and its block 1 (groups right-padded to the longest, over a ragged cache: one row
+per request holding its K rows per committed position, ``RaggedKV`` per layer), and each later block is
+one forward over every request's chosen starts, each start seeing its own request's cached and
+transient rows through the mask. Tries, starts and node selection stay per request.
+
 Variants: ``specblock-no-broadcast``, ``-no-shift``, ``-no-valid-prefix`` load drafters trained
 without that component; ``specblock-uniform-tree`` replaces rank-guided branching by a fixed top-k
 at every slot under the same node budget.
@@ -42,6 +48,7 @@ from methods.checkpoints import shipped_drafter
 from methods.specblock_checkpoint import load_specblock
 from methods.specblock_model import NUM_BUCKETS, KV, SpecBlockModel, draft_row_offset, rank_to_bucket
 from methods.specblock_train import block1_mask
+from specbench.engine.batch_cache import RaggedKV
 from specbench.engine.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
 from specbench.options import option
@@ -283,6 +290,157 @@ class SpecBlockDrafter(Drafter):
         for s in starts:
             unique.setdefault(s.node, s)
         return sorted(unique.values(), key=lambda s: -trie.nodes[s.node].score)[:max(limit, 0)]
+
+    # ---- batches: every request's encode and every block in one forward -------------------------
+    batched_drafting = True
+
+    def begin_batch(self, states, prefills) -> None:
+        if not hasattr(self, "rows"):  # the first batch: a cache per layer (rows come and go with requests)
+            cfg = self.model.config
+            self.rows = [RaggedKV(cfg.num_key_value_heads, cfg.head_dim, self.target.device, self.model.dtype)
+                         for _ in range(cfg.num_layers)]
+            self.row_pending, self.row_encoded, self.row_stats, self.row_chain = [], [], [], []
+        for layer in self.rows:
+            layer.add_empty(len(states))
+        self.row_pending += [self.model.features(prefill.taps) for prefill in prefills]
+        self.row_encoded += [0] * len(states)
+        self.row_stats += [RankStats() for _ in states]
+        self.row_chain += [None] * len(states)
+
+    def observe_batch(self, states, results) -> None:
+        self.row_pending = [self.model.features(result.taps) for result in results]
+        for stats, chain, result in zip(self.row_stats, self.row_chain, results):
+            stats.observe(chain, result, self.draft_index)
+
+    def end_batch(self, rows, states) -> list[dict]:
+        for layer in self.rows:
+            layer.remove(rows)
+        gone = set(rows)
+        stats = [self.row_stats[b] for b in rows]
+        self.row_pending, self.row_encoded, self.row_stats, self.row_chain = (
+            [x for b, x in enumerate(values) if b not in gone]
+            for values in (self.row_pending, self.row_encoded, self.row_stats, self.row_chain))
+        return [{**s.summary(), "bonus_row": self.bonus_row, "bonus_row_trained": self.trained_bonus_row}
+                for s in stats]
+
+    @torch.inference_mode()
+    def propose_batch(self, states) -> list[DraftTree]:
+        k, timer = self.model.K, states[0].timer
+        blocks1, transient, rows = self._encode_batch(states, timer)
+        tries, starts, chains = [], [], []
+        for b, (out, count) in enumerate(zip(blocks1, rows)):  # as ``propose``, request by request
+            hidden, logits, rank_logits = out
+            trie = _Trie()
+            block = self._block(logits, rank_logits)
+            older = torch.ones(count, dtype=torch.bool)
+            older[-k:] = False
+            chain = ChainRecord(logits.float().cpu(), block.buckets, hidden=self.model.norm(hidden).float().cpu(),
+                                position=self.row_encoded[b] - 1)
+            slot_starts = self._expand(trie, -1, 0.0, block, first=True, chain=chain.nodes)
+            starts.append([_Start(node, hidden[slot], _with_slots(older, count - k, slot))
+                           for node, slot in slot_starts])
+            tries.append(trie)
+            chains.append(chain)
+        for _ in range(1, self.options.blocks):
+            chosen = [self._choose(trie, s) for trie, s in zip(tries, starts)]
+            if not any(chosen):
+                break
+            out, transient = self._run_starts_batch(tries, chosen, transient, timer)
+            for b, (trie, picked) in enumerate(zip(tries, chosen)):
+                starts[b] = []
+                for g, start in enumerate(picked):
+                    group = slice(g * k, (g + 1) * k)
+                    blk = self._block(out.logits[b, group], out.rank_logits[b, group])
+                    base = torch.cat([start.visible, torch.zeros(len(picked) * k, dtype=torch.bool)])
+                    first_row = start.visible.numel() + g * k
+                    for node, slot in self._expand(trie, start.node, trie.nodes[start.node].score, blk, first=False):
+                        starts[b].append(_Start(node, out.hidden[b, g * k + slot], _with_slots(base, first_row, slot)))
+        with timer.phase("tree_build"):
+            trees = []
+            for trie, chain in zip(tries, chains):
+                self._chain = chain  # _to_tree maps this request's chain onto its tree
+                trees.append(self._to_tree(trie))
+        self.row_chain = chains
+        return trees
+
+    def _encode_batch(self, states, timer):
+        """``_encode`` for every request in ONE forward (new pairs right-padded to the longest; a request's
+        copy, for ``duplicate``, right after its own pairs). Returns per request block 1's (hidden, logits,
+        rank logits) [K, ..], its transient rows' keys/values per layer ([1, heads, K or 0, d]) and the rows
+        (cache, then transient) a start's visibility covers."""
+        m, k, device = self.model, self.model.K, self.target.device
+        copy = self.bonus_row == "duplicate"
+        counts = [p.shape[0] for p in self.row_pending]
+        groups = max(counts) + copy
+        first = self.row_pending[0]
+        condition = first.new_zeros(len(states), groups, first.shape[-1])
+        ids = torch.zeros(len(states), groups, dtype=torch.long)
+        for b, (state, pending, start, g) in enumerate(zip(states, self.row_pending, self.row_encoded, counts)):
+            condition[b, :g] = pending
+            ids[b, :g] = torch.tensor(state.tokens[start + 1:])
+            if copy:  # the last pair once more, as one more group one position later
+                condition[b, g], ids[b, g] = pending[-1], ids[b, g - 1]
+        encoded = torch.tensor(self.row_encoded, device=device)
+        positions = (encoded[:, None, None] + torch.arange(groups, device=device)[None, :, None] + 1
+                     + torch.arange(k, device=device)[None, None, :]).reshape(len(states), -1)
+        live = self.rows[0].live()[:, None, :].expand(-1, groups * k, -1)
+        visible = torch.cat([live, block1_mask(groups, k, device).expand(len(states), -1, -1)], 2)
+        with timer.forward("drafter"):
+            out = m(condition, ids.to(device), positions, visible, past=[layer.past for layer in self.rows])
+        transient = [[(key[b: b + 1, :, g * k: (g + copy) * k], value[b: b + 1, :, g * k: (g + copy) * k])
+                      for key, value in out.kv] for b, g in enumerate(counts)]
+        for layer, (key, value) in zip(self.rows, out.kv):
+            layer.keep((torch.cat([layer.keys, key], 2), torch.cat([layer.values, value], 2)),
+                       [range(g * k) for g in counts])
+        self.row_encoded = [e + g for e, g in zip(self.row_encoded, counts)]
+        self.row_pending = [p[:0] for p in self.row_pending]
+        blocks1 = []
+        for b, g in enumerate(counts):  # block 1: the last pair's group (once) or its copy (duplicate)
+            rows = slice((g - 1 + copy) * k, (g + copy) * k)
+            blocks1.append((out.hidden[b, rows], out.logits[b, rows], out.rank_logits[b, rows]))
+        return blocks1, transient, [e * k + copy * k for e in self.row_encoded]
+
+    def _run_starts_batch(self, tries: list["_Trie"], chosen: list[list[_Start]], transient: list[list[KV]], timer):
+        """``_run_starts`` for every request in ONE forward: request b's starts (padded to the most any
+        request has) see its cached rows at columns [0, its length) and its transient rows after the
+        widest cache; a padding start sees only itself."""
+        m, k, device = self.model, self.model.K, self.target.device
+        b_size, g = len(chosen), max(len(c) for c in chosen)
+        width = self.rows[0].width
+        spans = [t[0][0].shape[2] for t in transient]
+        most = max(spans)
+        past = []
+        for i, layer in enumerate(self.rows):
+            keys = layer.keys.new_zeros(b_size, layer.keys.shape[1], width + most, layer.keys.shape[3])
+            values = torch.zeros_like(keys)
+            keys[:, :, :width], values[:, :, :width] = layer.keys, layer.values
+            for b, rows in enumerate(transient):
+                keys[b, :, width: width + spans[b]] = rows[i][0][0]
+                values[b, :, width: width + spans[b]] = rows[i][1][0]
+            past.append((keys, values))
+        seen = torch.zeros(b_size, g * k, width + most, dtype=torch.bool)
+        condition = self.rows[0].keys.new_zeros(b_size, g, self.model.config.hidden_size)
+        tokens = torch.zeros(b_size, g, dtype=torch.long)
+        for b, (trie, picked, length) in enumerate(zip(tries, chosen, self.rows[0].lengths)):
+            for j, start in enumerate(picked):
+                rows = slice(j * k, (j + 1) * k)
+                seen[b, rows, :length] = start.visible[:length]
+                seen[b, rows, width: width + spans[b]] = start.visible[length:]
+                condition[b, j] = start.hidden
+                tokens[b, j] = trie.nodes[start.node].token
+        group = torch.arange(g * k) // k
+        own = block1_mask(g, k) & (group[None] == group[:, None])
+        visible = torch.cat([seen, own.expand(b_size, -1, -1)], 2).to(device)
+        offset = draft_row_offset(self.bonus_row)
+        encoded = torch.tensor(self.row_encoded, device=device)
+        positions = (encoded[:, None] + offset + torch.arange(k, device=device)[None]).repeat(1, g)
+        with timer.forward("drafter"):
+            out = m(condition, tokens.to(device), positions, visible, past=past)
+        transient = [[(torch.cat([t[0], key[b: b + 1, :, : len(picked) * k]], 2),
+                       torch.cat([t[1], value[b: b + 1, :, : len(picked) * k]], 2))
+                      for t, (key, value) in zip(rows, out.kv)]
+                     for b, (rows, picked) in enumerate(zip(transient, chosen))]
+        return out, transient
 
     def _to_tree(self, trie: "_Trie") -> DraftTree:
         parents = torch.tensor([n.parent for n in trie.nodes], dtype=torch.long)

@@ -31,7 +31,9 @@ TOKENS = 20
 # Learners whose updates follow the stream request by request, and DVI (it drafts through the target's own
 # one-request cache): refused a batch.
 REFUSED = {"dvi", "dvi-kl", "dvi-pg", "dvi-ce", "specblock-adapt", "specblock-osd"}
-BATCHED = {"sps", "eagle3", "medusa", "dflash", "ddtree", "pacer", "pacer-no-pos", "pacer-no-growth"}  # one drafter forward per step / depth for the whole batch
+# One drafter forward per step / chain position / depth for the whole batch.
+BATCHED = {"sps", "eagle3", "medusa", "dflash", "ddtree", "pacer", "pacer-no-pos", "pacer-no-growth", "specblock",
+           "specblock-no-valid-prefix", "specblock-uniform-tree"}
 # The SpecBlock ablations that train their own drafter (minutes here) draft with SpecBlock's code, run above.
 METHODS = sorted(set(CASES) - REFUSED - {"specblock-no-broadcast", "specblock-no-shift"})
 COPYING = {"vanilla", "pld", "lookahead", "suffix"}  # drafts copied from text: no new token inside a chain
@@ -45,7 +47,15 @@ def sliding_ddtree():
     return target, drafter
 
 
-BUILDS = {name: build for name, (build, _) in CASES.items()} | {"ddtree-sliding": sliding_ddtree}
+def duplicate_specblock():
+    """SpecBlock with the authors' inference convention: block 1 is a transient copy of the last pair."""
+    target, drafter = CASES["specblock"][0]()
+    drafter.options.bonus_row = "duplicate"
+    return target, drafter
+
+
+BUILDS = {name: build for name, (build, _) in CASES.items()} | {"ddtree-sliding": sliding_ddtree,
+                                                              "specblock-duplicate": duplicate_specblock}
 
 
 def build(name: str):
@@ -155,7 +165,7 @@ def test_each_request_decodes_its_batch1_vanilla_text_whatever_its_neighbours(na
             assert 1 + stopped.committed > len(stopped.new_tokens)
 
 
-@pytest.mark.parametrize("name", sorted(BATCHED | {"ddtree-sliding"}))
+@pytest.mark.parametrize("name", sorted(BATCHED | {"ddtree-sliding", "specblock-duplicate"}))
 def test_batched_drafts_equal_per_request_drafts(name):
     """Same batch, same neighbours (one stops at EOS, one accepts nothing): the batched drafter's trees are
     those of one fork per request, token for token and parent for parent, at every step."""
@@ -163,7 +173,8 @@ def test_batched_drafts_equal_per_request_drafts(name):
     for mode in trees:
         target, drafter = build(name)
         assert drafter.batched_drafting
-        target.eos_token_ids = {0}
+        text = generate(target, VanillaDrafter(), list(PROMPTS[2]), configs(-1)[2]).new_tokens
+        target.eos_token_ids = {next(t for i, t in enumerate(text[3:], 3) if t not in text[:i])}  # ends mid-text
         drafter = drafter if mode == "batched" else forked(drafter)
         recording(rejecting(drafter, target, PROMPTS[1]), trees[mode])
         records = run_batch(target, drafter, configs(2), BatchConfig(4))
@@ -221,7 +232,8 @@ def test_a_batched_run_says_per_side_how_it_drafted(models, tmp_path, capsys):
 
 def test_a_frozen_dvi_head_is_refused_a_batch_before_the_target_loads(tmp_path, capsys):
     out = tmp_path / "dvi.jsonl"
-    code, _, stderr = cli(["run", "--method", "dvi", "--opt", "learn=false", "--bench", "humaneval", "--batch-size", "2",
-                           "--out", str(out)], capsys)  # the default target: refused before it loads
+    args = ["run", "--method", "dvi", "--opt", "learn=false", "--bench", "humaneval", "--batch-size", "2",
+            "--out", str(out)]
+    code, _, stderr = cli(args, capsys)  # the default target: refused before it loads
     assert code == 2 and "dvi drafts with the target's first layers" in stderr and "--batch-size 1" in stderr
     assert "Traceback" not in stderr and not out.exists()
