@@ -19,7 +19,7 @@ from specbench.engine import interrupt
 from specbench.console import console, err
 from specbench.engine import VANILLA
 from specbench.errors import SpecbenchError
-from specbench.run.run_config import ParityConfig, PresetFlags, ReproduceConfig, RunConfig, SideFlags
+from specbench.run.run_config import ParityConfig, PresetFlags, ReproduceConfig, RunConfig, SideFlags, parse_batch_sizes
 from specbench.training.cli import train_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -56,7 +56,9 @@ def _run(**flags) -> None:
     how = commands.build(SideFlags, flags, "run")
     sides = cli_sides(how.method, parse_opts(how.opt, Path(how.config) if how.config else None), how.label,
                       how.sweep, how.also)
-    cfg = RunConfig(**commands.values_for(RunConfig, flags, sides=sides, config_file=how.config))
+    sizes = parse_batch_sizes(flags["batch_size"])
+    cfg = RunConfig(**commands.values_for(RunConfig, flags, sides=sides, config_file=how.config,
+                                          batch_sweep=sizes if len(sizes) > 1 else []))
     runner = Runner(cfg, err)
     records = runner.run()
     if not runner.world.main:
@@ -64,7 +66,7 @@ def _run(**flags) -> None:
     console.print(summary_table(records, cfg.temperature))
     if runner.skipped:
         err.print(f"[yellow]skipped {len(runner.skipped)} prompt(s) past the context window[/]")
-    console.print(f"records: {runner.out}")
+    console.print(f"records: {', '.join(str(out) for out in runner.outs.values())}")
 
 
 def _run_preset(flags: dict, given: set[str]) -> None:
