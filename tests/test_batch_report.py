@@ -115,3 +115,22 @@ def test_a_cost_curve_per_batch_size():
     assert curve.at_batch(1) is curve and curve.at_batch(8) is None
     at4 = curve.at_batch(4)
     assert at4.time(4, CHAIN) == 6.0 and at4.steps(4) == 3.0 and at4.time(2.5, TREE) == 4.0  # tree: chain's
+
+
+@pytest.mark.parametrize("damage, field", [({"size": "2"}, "batch.size"), ({"end": None}, "batch.end"),
+                                           ({"group": 1.5}, "batch.group")])
+def test_a_damaged_batch_field_is_one_line(sweep, tmp_path, capsys, damage, field):
+    import json
+
+    from test_cli import cli
+
+    by_size, folder = sweep
+    source = sweep_out(folder / "sweep.jsonl", 2)
+    lines = source.read_text().splitlines()
+    record = json.loads(lines[1])
+    record["batch"].update(damage)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join([lines[0], json.dumps(record), *lines[2:]]) + "\n")
+    code, _, stderr = cli(["report", str(bad), "--out-dir", str(tmp_path / "r")], capsys)
+    assert code == 2 and "Traceback" not in stderr
+    assert f"{bad} line 2: field {field}" in stderr and len(stderr.strip().splitlines()) == 1
