@@ -137,7 +137,7 @@ class Runner:
         if cfg.repeats > 1 and learners:
             raise SpecbenchError(f"--repeats {cfg.repeats} would feed every query {cfg.repeats} times to "
                                  f"{', '.join(learners)}, which learn while serving; time them with --repeats 1")
-        if cfg.batch_size > 1:  # an instance may learn where its class does not (SpS's heuristic schedule)
+        if cfg.loop == "batched":  # an instance may learn where its class does not (SpS's heuristic schedule)
             batch_learners = learners or [spec.label for spec, cls, opts in parsed if cls(opts).learns]
             if batch_learners:
                 verb = "learns" if len(batch_learners) == 1 else "learn"
