@@ -352,7 +352,8 @@ parity = app.command(name="parity")(commands.command(_parity, commands.flags_of(
 def report(
     results: list[str] = typer.Argument(None, help="Result files or globs (default results/*.jsonl)."),
     out_dir: Path = typer.Option(Path("reports"), help="Where tables and figures go."),
-    show: bool = typer.Option(False, help="Print the main table (and the mixed streams' table) to the console."),
+    show: bool = typer.Option(False, help="Print the main table (and the mixed streams' and batch tables) to the "
+                                          "console."),
 ) -> None:
     """Regenerate the paper-style tables and figures from run records."""
     from specbench.analysis import report as rep

@@ -134,3 +134,12 @@ def test_a_damaged_batch_field_is_one_line(sweep, tmp_path, capsys, damage, fiel
     code, _, stderr = cli(["report", str(bad), "--out-dir", str(tmp_path / "r")], capsys)
     assert code == 2 and "Traceback" not in stderr
     assert f"{bad} line 2: field {field}" in stderr and len(stderr.strip().splitlines()) == 1
+
+
+def test_report_show_prints_the_batch_table(sweep, tmp_path, capsys):
+    from test_cli import cli
+
+    _, folder = sweep
+    code, stdout, stderr = cli(["report", str(folder), "--out-dir", str(tmp_path / "r"), "--show"], capsys)
+    assert code == 0, stderr
+    assert "Speedup under load" in stdout and "Crossover B" in stdout

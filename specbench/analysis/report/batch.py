@@ -122,8 +122,9 @@ def batch_table(frame: pd.DataFrame, provenance: Sequence[str] = ()) -> Table | 
                 r = by_b.get(b)
                 point = DASH if r is None else fmt_spd(r.speedup)
                 cells.append(Cell(DASH if r is None else fmt_ci(point, r.speedup_lo, r.speedup_hi, fmt_spd), short=point))
-            found = crossover({b: (r.speedup_lo, r.speedup_hi) for b, r in by_b.items()})
-            cells.append(Cell(fmt_crossover(found, max(by_b))))
+            intervals = {b: (r.speedup_lo, r.speedup_hi) for b, r in by_b.items()}
+            known = any(finite(lo) and finite(hi) for lo, hi in intervals.values())  # none: a preview without bootstrap
+            cells.append(Cell(fmt_crossover(crossover(intervals), max(by_b)) if known else DASH))
             rows.append(cells)
         if rows:
             sections.append((label, rows))

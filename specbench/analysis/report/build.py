@@ -181,10 +181,11 @@ def rich_main_table(source: "Report | PathSpec"):
 
 
 def rich_tables(source: "Report | PathSpec") -> list:
-    """The main table, then the mixed streams' table when any stream ran, as rich.table.Tables (a main table
-    without rows, when only streams ran, is left out); one machine after the other."""
+    """The main table, then the mixed streams' table when any stream ran, then the batch table when any file
+    was decoded through the batched loop, as rich.table.Tables (a main table without rows, when only streams or
+    batches ran, is left out); one machine after the other."""
     report = source if isinstance(source, Report) else build_report(source, reps=0)
-    shown = [t for r in (report, *report.others) for t in (r.main, r.streams) if t is not None and t.sections]
+    shown = [t for r in (report, *report.others) for t in (r.main, r.streams, r.batch) if t is not None and t.sections]
     return [_rich(t) for t in shown or [report.main]]
 
 
