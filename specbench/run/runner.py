@@ -13,7 +13,9 @@ merges the parts into ``--out`` (see ``specbench/run/merge.py``).
 
 With ``--batch-size B`` > 1 the stream is cut into chunks (B queries; 4B with ``--continuous``) and every
 side decodes a chunk through the batched loop (``engine/batch_loop.py``) before the next side does,
-alternating which side goes first per chunk."""
+alternating which side goes first per chunk. A sweep (``--batch-size 1,2,4``) decodes each chunk (the
+largest B's) at every B in turn, writing one results file per B (``sweep_out``); its B = 1, like
+``--batched-loop``, runs through the batched loop."""
 
 from __future__ import annotations
 
