@@ -229,8 +229,11 @@ def parse_batch_sizes(text: str | int) -> list[int]:
         sizes = sorted({int(part) for part in str(text).split(",") if part.strip()})
     except ValueError:
         raise SpecbenchError(f"--batch-size expects B or a list B1,B2,... of whole numbers (got {text!r})") from None
-    if not sizes or sizes[0] < 1 or sizes[-1] > MAX_BATCH:
-        raise SpecbenchError(f"--batch-size values must be in [1, {MAX_BATCH}] (got {text!r})")
+    if not sizes:
+        raise SpecbenchError(f"--batch-size expects B or a list B1,B2,... of whole numbers (got {text!r})")
+    bad = next((b for b in sizes if not 1 <= b <= MAX_BATCH), None)
+    if bad is not None:  # worded as the declaration's own range error
+        raise SpecbenchError(f"--batch-size must be in [1, {MAX_BATCH}] (got {bad})")
     return sizes
 
 
