@@ -79,6 +79,7 @@ def test_the_batch_tables_hold_what_the_records_say(sweep):
             assert row.throughput_ratio == pytest.approx(_throughput(mine) / _throughput(base))
             assert math.isfinite(row.ideal) and row.ideal_source == "run"  # no curve measured here
             assert row.batched_drafting == (method == "sps")
+            assert row.divergence == f"{len(mine)}/0/0"  # fp32 greedy: every text is vanilla's
     table = report.batch
     assert table.columns == ["Method", *(f"B={b}" for b in SIZES), "Crossover B"]
     (label, rows), = table.sections

@@ -17,7 +17,7 @@ from typing import Mapping, Sequence
 
 import pandas as pd
 
-from specbench import metrics
+from specbench import divergence, metrics
 from specbench.analysis.cost_model import CostCurve, ideal_with_source
 from specbench.analysis.report.names import VANILLA, Block, bench_key, bench_label, block_label
 from specbench.analysis.report.records import ResultFile
@@ -27,7 +27,7 @@ from specbench.records import GenerationRecord
 
 BATCH_COLUMNS = ["target", "temperature", "bench", "method", "batch_size", "n_prompts", "speedup", "speedup_lo",
                  "speedup_hi", "throughput_ratio", "throughput", "latency_mean", "latency_p50", "latency_p90", "tau",
-                 "td_percent", "ideal", "ideal_source", "batched_drafting"]
+                 "td_percent", "ideal", "ideal_source", "batched_drafting", "divergence"]
 
 
 def is_batched(f: ResultFile) -> bool:
@@ -89,7 +89,9 @@ def batch_frame(files: Sequence[ResultFile], curves: Mapping[Block, CostCurve] |
                        latency_p50=latency["p50"], latency_p90=latency["p90"], tau=metrics.tau(ours),
                        td_percent=100 * metrics.draft_share(ours), speedup=math.nan, speedup_lo=math.nan,
                        speedup_hi=math.nan, throughput_ratio=math.nan, ideal=math.nan, ideal_source="",
-                       batched_drafting=all(r.batch.get("batched_drafting", False) for r in ours))
+                       batched_drafting=all(r.batch.get("batched_drafting", False) for r in ours),
+                       divergence=divergence.summary(r.divergence for r in ours) if any(r.divergence for r in ours)
+                       else "")
             if method != VANILLA and base:
                 lo, hi = speedup_ci(ours, base, reps=reps, seed=seed)
                 ideal, _, source = ideal_with_source(ours, base, curve)
@@ -147,7 +149,7 @@ def batch_detail_table(frame: pd.DataFrame, provenance: Sequence[str] = ()) -> T
     if frame.empty:
         return None
     columns = ["Method", "B", "n", "Spd", "Thr ratio", "tok/s", "Lat mean s", "Lat p50 s", "Lat p90 s", "τ", "T_D%",
-               "Ideal"]
+               "Ideal", "same/near-tie/unexpl."]
     sections = []
     for label, part in _sections(frame):
         rows = []
@@ -161,7 +163,8 @@ def batch_detail_table(frame: pd.DataFrame, provenance: Sequence[str] = ()) -> T
                          *(Cell(DASH if not finite(v) else f"{v:.2f}") for v in (r.latency_mean, r.latency_p50,
                                                                                    r.latency_p90)),
                          Cell(DASH if is_base else fmt_tau(r.tau)), Cell(fmt_pct(r.td_percent / 100)),
-                         Cell(DASH if is_base else fmt_spd(r.ideal) + ("" if r.ideal_source != "curve" else " ᶜ"))])
+                         Cell(DASH if is_base else fmt_spd(r.ideal) + ("" if r.ideal_source != "curve" else " ᶜ")),
+                         Cell(r.divergence or DASH)])
         sections.append((label, rows))
     notes = ["tok/s: new tokens of all requests over the summed makespans of their batches (first prefill to last "
              "step on the batch clock); Thr ratio: the method's over vanilla's at the same B. Latency: a request's "
@@ -170,6 +173,8 @@ def batch_detail_table(frame: pd.DataFrame, provenance: Sequence[str] = ()) -> T
              "(forks): the method drafts each request with its own drafter fork; the others draft the batch at once.",
              "Ideal: τ × vanilla's batched step over the drafter's forwards plus the batched verify forward, per B: "
              "from the forward-cost curve measured at that B (ᶜ, bench/forward_cost.py --batch) where it exists, "
-             "else from the run's own forward times at that B."]
+             "else from the run's own forward times at that B.",
+             "same/near-tie/unexpl.: at T = 0, each request's text against vanilla's in the same batches "
+             "(identical, parted at a near-tie, unexplained), as the divergence table counts batch-1 turns."]
     return Table("batch_detail", "Speculation under load: throughput, latency and τ per B", columns, [], sections,
                  frame, notes, list(provenance))
