@@ -144,3 +144,30 @@ def test_report_show_prints_the_batch_table(sweep, tmp_path, capsys):
     code, stdout, stderr = cli(["report", str(folder), "--out-dir", str(tmp_path / "r"), "--show"], capsys)
     assert code == 0, stderr
     assert "Speedup under load" in stdout and "Crossover B" in stdout
+
+
+def test_a_curve_measured_per_batch_size_prices_the_ideal_at_each_b(sweep, models, tmp_path):
+    """bench/forward_cost.py --batch measures the tiny target's verify at B = 1 and 2 through the batched path;
+    beside the sweep's files, the batch tables' ideal for SpS (γ = 3: 4 rows per verify) comes from it."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    _, folder = sweep
+    for path in folder.glob("*.jsonl"):
+        shutil.copy(path, tmp_path / path.name)
+    cost = tmp_path / "cost"
+    done = subprocess.run([sys.executable, "bench/forward_cost.py", "--target", models["target"], "--dtype", "float32",
+                           "--rows", "1-5", "--prefix", "8", "--repeats", "1", "--warmup", "0", "--batch", "1,2",
+                           "--out", str(cost)], cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    curves = json.loads(next(cost.glob("*.json")).read_text())["curves"]["float32"]
+    assert {"chain", "tree", "chain@B2", "tree@B2"} == set(curves) and all(
+        t > 0 for kind in curves.values() for t in kind.values())
+    frame = build_report(tmp_path, reps=0).batch_frame
+    sps = frame[frame.method == "sps"].set_index("batch_size")
+    assert list(sps.ideal_source) == ["curve"] * len(SIZES) and sps.ideal.notna().all()
