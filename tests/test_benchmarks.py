@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specbench.run.benchmarks import (
+from specbench.data.benchmarks import (
     CARDS_DIR,
     Prompt,
     data_dir,

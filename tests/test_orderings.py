@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from specbench.analysis.cost_model import cost_model, ideal_and_efficiency
-from specbench.run.machine_load import MARK, under_load
+from specbench.data.machine_load import MARK, under_load
 from specbench.analysis.orderings import Claim, load_claims, ordering_frame
 from specbench.analysis.paired import verdict
 from specbench.records import GenerationRecord

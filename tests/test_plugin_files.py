@@ -10,8 +10,9 @@ import pytest
 
 from specbench.errors import SpecbenchError
 from specbench.analysis.orderings import Claim, load_claims, read_claims
-from specbench.run.plugin_files import declared_paths
-from specbench.run.preset import build_plan, drafter_option, preset_names
+from specbench.data.plugin_files import declared_paths
+from specbench.data.preset_files import preset_names
+from specbench.run.preset import build_plan, drafter_option
 from bench_data import needs_data
 from test_cli import cli
 

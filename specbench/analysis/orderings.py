@@ -26,7 +26,7 @@ import yaml
 from specbench import metrics
 from specbench.analysis import paired
 from specbench.errors import SpecbenchError
-from specbench.run.plugin_files import declared_paths
+from specbench.data.plugin_files import declared_paths
 from specbench.engine import VANILLA
 from specbench.records import GenerationRecord
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from specbench.engine import VANILLA  # noqa: F401 (the baseline's one name, re-exported for the report)
-from specbench.run.streams import stream_parts
+from specbench.data.streams import stream_parts
 from specbench.sides import header_sides
 
 Block = tuple[str, float]  # (target, temperature): one group of rows in every table (records.apart_dtypes)

@@ -21,7 +21,7 @@ from specbench.engine import interrupt
 from specbench.engine.devices import BF16_CPU_FLAGS, cpu_fields
 from specbench.errors import SpecbenchError
 from specbench.records import GenerationRecord
-from specbench.run.safe_files import WriterLock, check_output, publish, temp_path
+from specbench.data.safe_files import WriterLock, check_output, publish, temp_path
 from specbench.schemas import RESULTS_FIX, check_tree, parse_header, parse_record, parse_skip, record_key
 
 RecordKey = tuple[str, str, str, int]  # method, bench, prompt_id, turn
