@@ -1,13 +1,11 @@
-"""Append-only JSONL run store: a header line with the run's metadata, then one line per prompt
-turn. Every record is flushed and fsynced, so a killed run loses at most the turn in flight; a
-torn last line is ignored on read and cut off before appending."""
+"""Result files as read: the header line with the run's metadata, then one line per prompt turn (or a
+skipped turn), each checked against its schema; and the metadata that says where and with what a run was made
+(git commit, versions, hardware). ``specbench.run.store.RunStore`` writes these files."""
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
-import os
 import platform
 import subprocess
 import sys
@@ -17,27 +15,12 @@ from pathlib import Path
 
 import torch
 
-from specbench.engine import interrupt
 from specbench.engine.devices import BF16_CPU_FLAGS, cpu_fields
 from specbench.errors import SpecbenchError
 from specbench.records import GenerationRecord
-from specbench.data.safe_files import WriterLock, check_output, publish, temp_path
 from specbench.schemas import RESULTS_FIX, check_tree, parse_header, parse_record, parse_skip, record_key
 
 RecordKey = tuple[str, str, str, int]  # method, bench, prompt_id, turn
-
-
-def config_hash(config: dict) -> str:
-    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:12]
-
-
-def _same_older_run(meta: dict, expected_hash: str | None) -> bool:
-    """A file written before runs recorded their sides as data, by the configuration whose hash is
-    ``expected_hash`` today (``run_config.identity_of_header``)."""
-    from specbench.run.run_config import identity_of_header
-
-    ident = identity_of_header(meta)
-    return ident is not None and config_hash(ident) == expected_hash
 
 
 # What a run writes (records, tables, training runs) is not code: a tree whose only changes are there still ran the
@@ -211,184 +194,3 @@ def read_results(path: str | Path, fix: str = RESULTS_FIX, lenient: bool = False
             raise SpecbenchError(f"{path} line {number} is not a header, record or skip line (type "
                                  f"{str(kind)[:40]!r}); it is not a specbench results file, {fix}")
     return ResultsContent(path, meta, records, skips, lines, good)
-
-
-class RunStore:
-    """One results file: ``open`` checks resume compatibility and returns the finished keys.
-
-    A new file is written to a hidden temporary beside ``path`` and renamed into place with its
-    first record (or, with none, on a clean finish): a run that fails or is stopped before that
-    leaves no file, and under --overwrite the old file stays whole until then. One writer at a time
-    (``WriterLock``)."""
-
-    def __init__(self, path: str | Path, meta: dict, resume: bool = False, overwrite: bool = False,
-                 inputs: tuple = ()) -> None:
-        self.path = Path(path)
-        self.meta = meta
-        self.done: dict[RecordKey, GenerationRecord] = {}
-        self.skipped: set[RecordKey] = set()  # turns recorded as skipped (part files of a sharded run)
-        self.fh = None
-        self.replacing = False  # --overwrite of an existing file: the old one stays until our first record
-        check_output(self.path, inputs)
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            existing = self.path.is_file() and self.path.stat().st_size > 0
-        except OSError as exc:  # a folder on the way that this user may not enter
-            raise SpecbenchError(f"cannot write results to {self.path} ({exc.strerror}); pass a writable --out") from None
-        self._check_writable()
-        self.lock = WriterLock(self.path)
-        try:
-            if existing:
-                if resume:
-                    self._load_existing()
-                elif not overwrite:
-                    raise SpecbenchError(f"{self.path} already exists; pass --resume to continue it, "
-                                         "--overwrite to replace it, or a new --out")
-                else:
-                    self.replacing = True
-            self._open(append=existing and resume)
-        except BaseException:
-            self.lock.release()
-            raise
-        interrupt.note_kept(self.kept)
-
-    def _check_writable(self) -> None:
-        try:
-            if self.path.is_dir():
-                raise IsADirectoryError(errno.EISDIR, "a folder")
-            if not os.access(self.path.parent, os.W_OK):
-                raise PermissionError(errno.EACCES, "the folder is read-only")
-        except OSError as exc:
-            raise SpecbenchError(f"cannot write results to {self.path} ({exc.strerror}); pass a writable --out") from None
-
-    @staticmethod
-    def _read_checked(path: Path, expected_hash: str | None) -> ResultsContent:
-        content = read_results(path)
-        if content.meta is None:
-            raise SpecbenchError(f"{path} has no header line; it is not a specbench results file "
-                                 "(pass a new --out, or --overwrite to replace it)")
-        theirs = content.meta.get("config_hash")
-        if theirs != expected_hash and not _same_older_run(content.meta, expected_hash):
-            raise SpecbenchError(f"{path} was written by a different configuration (config {theirs}, now "
-                                 f"{expected_hash}); rerun with the same options or write to a new --out")
-        return content
-
-    @classmethod
-    def read_done(cls, path: str | Path, expected_hash: str | None) -> dict[RecordKey, GenerationRecord]:
-        """The finished records of another file of the same run (read only)."""
-        content = cls._read_checked(Path(path), expected_hash)
-        return {record_key(r): r for _, r in content.records}
-
-    def _load_existing(self) -> None:
-        content = self._read_checked(self.path, self.meta.get("config_hash"))
-        self.existing = content.meta
-        self.done = {record_key(r): r for _, r in content.records}
-        self.skipped = {record_key(o) for _, o in content.skips}
-        self._good_on_disk = content.good
-
-    def _open(self, append: bool) -> None:
-        # Opened now so an unwritable path fails before any model loads; the header is written
-        # by ``start`` once the environment (hardware, versions) is known.
-        try:
-            if append:
-                with open(self.path, "r+b") as fh:  # drop a torn tail so appends start on a fresh line
-                    fh.truncate(self._good_on_disk)
-                self.fh = open(self.path, "a", encoding="utf-8")
-                self.writing = self.path
-                self.fresh, self.published = False, True
-            else:
-                self.writing = temp_path(self.path)
-                self.fh = open(self.writing, "w", encoding="utf-8")
-                self.fresh, self.published = True, False
-            self.good = self.fh.tell()  # bytes of whole lines so far
-        except OSError as exc:
-            raise SpecbenchError(f"cannot write results to {self.path} ({exc.strerror}); pass a writable --out") from None
-
-    def start(self, environment: dict) -> None:
-        before, now = weight_shas(getattr(self, "existing", {})), weight_shas(environment)
-        if not self.fresh and before and now and before != now:
-            changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
-            raise SpecbenchError(f"{self.path} was written with other weights ({', '.join(changed)}: "
-                                 f"{before.get(changed[0])} then, {now.get(changed[0])} now); pin the same revisions "
-                                 "or write to a new --out")
-        then, here = getattr(self, "existing", {}).get("hardware"), environment.get("hardware")
-        if not self.fresh and then and here and then != here:
-            # One file's timings are compared side by side; two machines in it would be compared as one.
-            raise SpecbenchError(f"{self.path} was started on {then}, and this machine is {here}; finish it there, "
-                                 "or write to a new --out (--overwrite starts it again here)")
-        self.meta.update(environment)
-        if self.fresh:
-            self._write({"type": "header", "meta": self.meta})
-            self.fresh = False
-
-    def _write(self, obj: dict) -> None:
-        line = json.dumps(obj, ensure_ascii=False, default=str) + "\n"
-        with interrupt.critical():  # a signal waits for the line to be whole on disk
-            try:
-                self.fh.write(line)
-                self.fh.flush()
-                os.fsync(self.fh.fileno())
-            except OSError as exc:
-                self._cut_back()
-                full = " (disk full)" if exc.errno == errno.ENOSPC else ""
-                kept = (f"the file is valid up to its last whole record ({len(self.done)} records); free space and "
-                        "rerun with --resume") if self.published else "nothing was kept; free space and rerun"
-                raise SpecbenchError(f"could not append to {self.path}{full}: {exc.strerror}; {kept}") from None
-            self.good += len(line.encode("utf-8"))
-            if obj.get("type") != "header" and not self.published:
-                self._publish()
-
-    def _publish(self) -> None:
-        """The first record is on disk: the file takes its place (replacing an old one under --overwrite)."""
-        publish(self.writing, self.path)
-        self.writing, self.published, self.replacing = self.path, True, False
-
-    def _cut_back(self) -> None:
-        """After a failed write: drop the partial line so the file ends with a whole record."""
-        try:
-            self.fh.close()
-        except OSError:
-            pass  # the buffered tail could not be flushed either; it is cut below
-        self.fh = open(os.devnull, "w")  # later closes are harmless
-        try:
-            os.truncate(self.writing, self.good)
-        except OSError:
-            pass
-
-    def append(self, record: GenerationRecord) -> None:
-        self._write({"type": "record", **record.to_dict()})
-        self.done[record_key(record)] = record
-
-    def skip(self, method: str, bench: str, prompt_id: str, turn: int, query_index: int) -> None:
-        """Note a turn the run skipped (too long for the context), once."""
-        key = (method, bench, prompt_id, turn)
-        if key not in self.skipped:
-            self._write({"type": "skip", "method": method, "bench": bench, "prompt_id": prompt_id, "turn": turn,
-                         "query_index": query_index})
-            self.skipped.add(key)
-
-    def kept(self) -> str:
-        """What a stop now keeps, for the interrupted line."""
-        if self.published:
-            return f"finished records kept in {self.path} ({len(self.done)} records)"
-        if self.replacing:
-            return f"no new records yet; {self.path} is unchanged"
-        return f"no records yet; {self.path} was not written"
-
-    def finish(self) -> None:
-        """A clean end: a run with no record to write (all skipped or already done) still leaves its file."""
-        if not self.published and not self.fresh:
-            self.fh.flush()
-            os.fsync(self.fh.fileno())
-            self._publish()
-        self.close()
-
-    def close(self) -> None:
-        """Close; a temporary that never got a record is removed (the run failed or stopped before one)."""
-        if self.fh is not None:
-            self.fh.close()
-        if not self.published and self.writing.exists():
-            self.writing.unlink()
-        self.lock.release()
-
-    abandon = close  # the run failed before its header

@@ -48,7 +48,8 @@ from specbench.run.merge import merge_runs, read_run, write_run
 from specbench.engine.prompts import ChatFormat, render_chat
 from specbench.engine.rescore import Rescorer
 from specbench.records import GenerationRecord
-from specbench.data.results import RunStore, config_hash, environment_metadata
+from specbench.data.results import environment_metadata
+from specbench.run.store import RunStore, config_hash
 from specbench.run.run_config import RunConfig, validate  # noqa: F401  (also imported from here)
 from specbench.data.streams import Query, build_queries, load_stream_prompts, stream_name
 from specbench.engine.target import Target, check_attention
