@@ -13,7 +13,6 @@ from specbench.data.plugin_files import declared_paths
 from specbench.errors import SpecbenchError, unknown_name_error
 
 PRESETS_GROUP = "specbench.presets"  # entry points naming folders of preset *.yaml files
-ATTN_TAGS = {"flash_attention_2": "fa2", "flash_attention_3": "fa3", "eager": "eager"}  # label suffixes
 
 
 def preset_files() -> dict[str, Path]:

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from specbench.data.benchmarks import Prompt, load_benchmark
-from specbench.data.preset_files import ATTN_TAGS, load_preset
+from specbench.data.preset_files import load_preset
 from specbench.engine.registry import available_methods, method_class
 from specbench.errors import SpecbenchError
 from specbench.run.run_config import ReproduceConfig
@@ -33,6 +33,7 @@ from specbench.run.runner import BASELINE, RunConfig
 from specbench.sides import Side
 
 _ENTRY_META = ("source", "train", "revision", "note")  # drafter-entry keys that are not method options
+ATTN_TAGS = {"flash_attention_2": "fa2", "flash_attention_3": "fa3", "eager": "eager"}  # label suffixes
 
 
 # ------------------------------------------------------------------------------------------- the command

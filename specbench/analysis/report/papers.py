@@ -60,20 +60,21 @@ def load_paper_numbers(path: str | Path | Sequence[str | Path] = DEFAULT_PAPER_N
 
 def attention_variants(files: Sequence[ResultFile]) -> dict[str, tuple[str, str]]:
     """Side label -> (its base label, attention implementation) for sides a paper preset ran again under
-    another attention implementation (``dflash-fa2`` beside ``dflash``, data.preset_files.ATTN_TAGS), so the report
-    can take the faster of the two as the method's row, as papers that run both report the faster."""
-    from specbench.data.preset_files import ATTN_TAGS  # lazily: only runs made with another attention need it
+    another attention implementation (``dflash-fa2`` beside ``dflash``), so the report can take the faster of
+    the two as the method's row, as papers that run both report the faster. The base is the SDPA side of the
+    same preset and setting with the same method and options (from the headers, not the labels)."""
+    def key(f: ResultFile, info) -> tuple:
+        return f.meta.get("preset"), f.block, info.method, info.given
 
-    out: dict[str, tuple[str, str]] = {}
-    for f in files:
-        attn = str(f.meta.get("attn_implementation") or "sdpa")
-        suffix = f"-{ATTN_TAGS.get(attn, attn)}"
-        if attn == "sdpa":
-            continue
-        for label in {r.method for r in f.records}:
-            if label != VANILLA and label.endswith(suffix) and len(label) > len(suffix):
-                out[label] = (label[: -len(suffix)], attn)
-    return out
+    def attention(f: ResultFile) -> str:
+        return str(f.meta.get("attn_implementation") or "sdpa")
+
+    def sides(f: ResultFile):
+        return [(label, info) for label, info in f.sides().items() if info.method != VANILLA]
+
+    base = {key(f, info): label for f in files if attention(f) == "sdpa" for label, info in sides(f)}
+    return {label: (base[key(f, info)], attention(f)) for f in files if attention(f) != "sdpa"
+            for label, info in sides(f) if base.get(key(f, info), label) != label}
 
 
 def faster_attention(cells: pd.DataFrame, variants: dict[str, tuple[str, str]]) -> tuple[pd.DataFrame, list[str]]:
