@@ -30,7 +30,7 @@ from specbench.engine import kvcache
 from specbench.analysis.cost_model import CHAIN, TREE, curve_path
 from specbench.engine.devices import resolve_device
 from specbench.errors import SpecbenchError
-from specbench.run.results import environment_metadata
+from specbench.data.results import environment_metadata
 from specbench.engine.target import DEFAULT_TARGET, Target, resolve_dtype
 from specbench.engine.timing import PhaseTimer
 from specbench.engine.tree import DraftTree

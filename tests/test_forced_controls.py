@@ -30,7 +30,7 @@ from specbench.engine.prompts import render_chat
 from specbench.engine.registry import create_drafter
 from specbench.engine.rescore import Rescorer
 from specbench.engine.target import Target
-from specbench.run.streams import load_stream_prompts
+from specbench.data.streams import load_stream_prompts
 
 pytestmark = [pytest.mark.slow, needs_data]
 

@@ -73,7 +73,7 @@ def test_recheck_judges_each_flip_as_the_run_would_and_keeps_every_other_byte(mo
     from specbench.engine.rescore import Rescorer
     from specbench.engine.target import Target
     from specbench.records import GenerationRecord
-    from specbench.run.benchmarks import load_benchmark
+    from specbench.data.benchmarks import load_benchmark
 
     ran = tmp_path / "ran.jsonl"
     _bf16_run(models, ran, capsys)
