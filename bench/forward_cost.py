@@ -37,7 +37,7 @@ from specbench.analysis.cost_model import CHAIN, TREE, batch_kind, curve_path
 from specbench.engine.batch_target import BatchTarget
 from specbench.engine.devices import resolve_device
 from specbench.errors import SpecbenchError
-from specbench.run.results import environment_metadata
+from specbench.data.results import environment_metadata
 from specbench.run.run_config import parse_batch_sizes
 from specbench.engine.target import DEFAULT_TARGET, Target, resolve_dtype
 from specbench.engine.timing import PhaseTimer

@@ -29,7 +29,7 @@ from pathlib import Path
 from specbench.engine import DEFAULT_TARGET
 from specbench.engine.devices import emulated_bf16
 from specbench.engine.packaged import is_assembled
-from specbench.run.machine_load import drop_flagged, load_average
+from specbench.data.machine_load import drop_flagged, load_average
 from specbench.sides import parse_spec
 
 BENCHES = ("mt_bench", "humaneval", "math500", "natural_questions", "wmt23", "alpaca")

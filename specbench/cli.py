@@ -101,8 +101,9 @@ def merge(
     import glob
 
     from specbench.options import check_text
-    from specbench.run.merge import find_parts, merge_runs, write_run
-    from specbench.run.safe_files import check_output
+    from specbench.data.part_files import find_parts
+    from specbench.run.merge import merge_runs, write_run
+    from specbench.data.safe_files import check_output
 
     if parts:
         sources = [Path(p) for pattern in parts for p in (sorted(glob.glob(pattern)) or [pattern])]
@@ -216,7 +217,7 @@ def recheck(
 @list_app.command("presets")
 def list_presets() -> None:
     """Paper presets for `specbench reproduce`."""
-    from specbench.run.preset import list_presets as presets
+    from specbench.data.preset_files import list_presets as presets
 
     table = Table("preset", "table", "targets", "metric")
     for p in presets():
@@ -265,7 +266,7 @@ def _list_options(cls) -> None:
 @list_app.command("benches")
 def list_benches(data_dir: Optional[str] = typer.Option(None, help="Folder of benchmark JSONL files.")) -> None:
     """Benchmarks, their expected size, and the source each would load from."""
-    from specbench.run.benchmarks import data_dir as resolve_dir, list_benchmarks, resolve_source
+    from specbench.data.benchmarks import data_dir as resolve_dir, list_benchmarks, resolve_source
 
     table = Table("bench", "paper", "prompts", "turns", "source", "from")
     folder = resolve_dir(data_dir)
@@ -456,7 +457,7 @@ def main() -> None:
             err.print("interrupted (SIGINT); rerun the command to start it again")
             sys.exit(130)
         finally:
-            from specbench.run import distributed
+            from specbench.data import distributed
 
             distributed.shutdown()
 

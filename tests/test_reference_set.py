@@ -71,7 +71,9 @@ def test_plan_covers_every_bench_method_and_claim():
 
 
 def test_the_ablation_run_compares_drafters_trained_alike_and_its_claim_pairs_them():
-    from specbench.analysis.orderings import _agree, _match, load_claims
+    from specbench.analysis.orderings import comparisons, load_claims
+    from specbench.sides import Side, parse_spec
+    from test_orderings import rec, result_file
 
     module, runs = load_plan()
     argv = next(a for out, a in runs if "specblock-ablations_humaneval" in out)
@@ -88,10 +90,19 @@ def test_the_ablation_run_compares_drafters_trained_alike_and_its_claim_pairs_th
             recipe = json.loads((folder / "config.json").read_text())["recipe"]
             assert (recipe["max_steps"], recipe["dtype"]) == (module.ABLATION_STEPS, "float32"), folder
     claim = next(c for c in load_claims() if "ablation" in c.text)
-    labels = sides(argv) + ["vanilla", "specblock"]  # the main run's two-epoch specblock must not pair
-    bases, variants = _match(claim.a, labels), _match(claim.b, labels)
-    pairs = {(a, b) for a, ga in bases.items() for b, gb in variants.items() if _agree(ga, gb)}
-    # ... each ablation with its base; the A/A control (a second vanilla side) pairs with nothing
+    opts = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "--opt")
+    run = [Side(argv[argv.index("--method") + 1], opts, argv[argv.index("--label") + 1])]
+    run += [parse_spec(argv[i + 1]) for i, a in enumerate(argv) if a == "--also"]
+    assert [side.label for side in run] == sides(argv)
+
+    def result(labels, specs, name):  # what the run writes: records of every side, the sides in the header
+        records = [rec(label, f"p{i}", 1.0) for label in ["vanilla", *labels] for i in range(8)]
+        return result_file(records, name, side_specs=[side.header() for side in specs])
+
+    files = [result(sides(argv), run, "ablations.jsonl"),
+             result(["specblock"], [Side("specblock")], "main.jsonl")]  # the main run's two-epoch specblock
+    pairs = {(a, b) for a, b, _, _ in comparisons(claim, files, "humaneval")}
+    # ... each ablation with its base of the same run; the A/A control (a second vanilla side) pairs with nothing
     assert pairs == {("specblock (400 steps)", label) for label in sides(argv)[1:] if label != "vanilla (A/A)"}
 
 

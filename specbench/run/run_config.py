@@ -32,7 +32,7 @@ MAX_PASSES = 1000  # a stream is materialised in memory; more passes than this i
 # imported when a value is checked (specbench.options).
 DTYPE = "specbench.engine.target:check_dtype"
 DEVICE = "specbench.engine.devices:resolve_device"
-DATA_FOLDER = "specbench.run.benchmarks:check_data_dir_option"
+DATA_FOLDER = "specbench.data.benchmarks:check_data_dir_option"
 
 
 def _template_kwargs(items: list[str]) -> dict:

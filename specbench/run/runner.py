@@ -30,12 +30,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from specbench.run import distributed, drafter_paths, machine_load
+from specbench.data import distributed, drafter_paths, machine_load
 
 from specbench import divergence, metrics
 
 from specbench.engine import hub, interrupt
-from specbench.run.benchmarks import Prompt
+from specbench.data.benchmarks import Prompt
 from specbench.engine.devices import choose_dtype, resolve_device
 from specbench.engine.drafter import Drafter
 from specbench.engine.registry import method_class, parse_options
@@ -43,15 +43,17 @@ from specbench.engine.forced import forced_check
 from specbench.engine.loop import GenerationConfig, generate, generate_turns
 from specbench.engine.batch_loop import BatchConfig, BatchRequest, generate_batch, generate_conversations
 from specbench.errors import SpecbenchError
-from specbench.run.benchmarks import HEADER_KEY, category_header
+from specbench.data.benchmarks import HEADER_KEY, category_header
 from specbench.options import check_context
-from specbench.run.merge import find_parts, merge_runs, part_path, read_run, write_run
+from specbench.data.part_files import find_parts, part_path
+from specbench.run.merge import merge_runs, read_run, write_run
 from specbench.engine.prompts import ChatFormat, render_chat
 from specbench.engine.rescore import Rescorer
 from specbench.records import GenerationRecord
-from specbench.run.results import RunStore, config_hash, environment_metadata
+from specbench.data.results import environment_metadata
+from specbench.run.store import RunStore, config_hash
 from specbench.run.run_config import RunConfig, validate  # noqa: F401  (also imported from here)
-from specbench.run.streams import Query, build_queries, load_stream_prompts, stream_name
+from specbench.data.streams import Query, build_queries, load_stream_prompts, stream_name
 from specbench.engine.target import Target, check_attention
 from specbench.engine import VANILLA as BASELINE
 from specbench.engine.verify import SamplingParams
