@@ -21,7 +21,7 @@ from methods.sps import SpSDrafter, SpSOptions
 from specbench.engine import DEFAULT_TARGET
 from specbench.engine.vanilla import VanillaDrafter
 from specbench import metrics
-from specbench.run.benchmarks import load_benchmark
+from specbench.data.benchmarks import load_benchmark
 from specbench.engine.loop import GenerationConfig, generate
 from specbench.engine.prompts import render_chat
 from specbench.engine.target import Target

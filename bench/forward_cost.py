@@ -5,6 +5,7 @@ next to vanilla's one-row step, measured apart from any run, stored per hardware
     python bench/forward_cost.py --dtype float32 --rows 1-16,24,32,48,64 --repeats 20
     python bench/forward_cost.py --target qwen2.5-coder-1.5b --dtype bfloat16   # a pair's target
     python bench/forward_cost.py --rows 1-2 --repeats 1 --out /tmp/cost   # a smoke run
+    python bench/forward_cost.py --batch 1,2,4,8,16 --rows 1-17,24,32    # the curve at each batch size too
 
 Each measurement is one verify forward through the engine's own path (``Target.compile_tree`` +
 ``Target.verify`` with its forward clock, chains on the causal kernel and random trees with the ancestor
@@ -13,6 +14,11 @@ of an answer), the cache cut back to the prefix after each; the median of ``--re
 ``--warmup``), rows in an interleaved order so that drift spreads over all row counts. The file
 ``<out>/<hardware-slug>--<target>.json`` (hardware as in a results header) keeps one curve per dtype; a
 rerun replaces that dtype's curve and keeps the others. Run it on an idle machine, like the reference set.
+
+With ``--batch B1,B2,...`` the curve is also measured with B requests per forward, through the batched
+loop's own path (``BatchTarget.compile_batch`` + ``verify``: B prefixes in the ragged cache, one draft of N
+rows per request, every request's rows in one forward), stored as the kinds ``chain@B4``/``tree@B4``: the
+report's batch tables price a verify at B on it (``CostCurve.at_batch``), vanilla's step being its one-row point.
 """
 
 from __future__ import annotations
@@ -27,10 +33,12 @@ from pathlib import Path
 import torch
 
 from specbench.engine import kvcache
-from specbench.analysis.cost_model import CHAIN, TREE, curve_path
+from specbench.analysis.cost_model import CHAIN, TREE, batch_kind, curve_path
+from specbench.engine.batch_target import BatchTarget
 from specbench.engine.devices import resolve_device
 from specbench.errors import SpecbenchError
-from specbench.run.results import environment_metadata
+from specbench.data.results import environment_metadata
+from specbench.run.run_config import parse_batch_sizes
 from specbench.engine.target import DEFAULT_TARGET, Target, resolve_dtype
 from specbench.engine.timing import PhaseTimer
 from specbench.engine.tree import DraftTree
@@ -74,13 +82,60 @@ def one_forward(target: Target, tree: DraftTree, prefix: int, root: int) -> floa
     return timer.forward_ns["target"] / 1e9
 
 
+def one_batched_forward(batch: BatchTarget, roots: list[int], trees: list[DraftTree], prefix: int) -> float:
+    """Seconds of one verify forward over every request's tree after its prefix; each row is cut back after."""
+    timer = PhaseTimer(batch.target.device)
+    packed = batch.compile_batch(roots, trees)
+    batch.verify(packed, timer=timer)
+    timer.resolve()
+    batch.commit(packed, [[0]] * len(trees))
+    for b in range(len(trees)):
+        batch.cache.truncate(b, prefix)  # one dead column stays behind the prefix, masked like any other
+    return timer.forward_ns["target"] / 1e9
+
+
+def plan_of(rows: list[int]) -> list[tuple[str, int]]:
+    return [(kind, r) for kind in (CHAIN, TREE) for r in rows if kind == CHAIN or r > 2]  # 1-2 rows: a chain
+
+
+def curves_of(times: dict[tuple[str, int], list[float]], rows: list[int], size: int = 1) -> dict[str, dict]:
+    """Median seconds per kind (named for the batch size) and row count; a tree of at most one node is a chain."""
+    chain, tree = batch_kind(CHAIN, size), batch_kind(TREE, size)
+    curves: dict[str, dict] = {chain: {}, tree: {}}
+    for (kind, r), values in times.items():
+        curves[batch_kind(kind, size)][str(r)] = statistics.median(values)
+    for r in rows:
+        if r <= 2:
+            curves[tree][str(r)] = curves[chain][str(r)]
+    return curves
+
+
+def measure_batch(target: Target, rows: list[int], prefix: int, repeats: int, warmup: int, seed: int,
+                  size: int) -> dict[str, dict]:
+    """The curve with ``size`` requests per verify forward (each with its own prefix and a draft of N rows)."""
+    gen = torch.Generator().manual_seed(seed)
+    vocab = target.vocab_size
+    batch = BatchTarget(target)
+    for _ in range(size):
+        batch.join(torch.randint(0, vocab, (prefix,), generator=gen).tolist())
+    roots = torch.randint(0, vocab, (size,), generator=gen).tolist()
+    plan = plan_of(rows)
+    times: dict[tuple[str, int], list[float]] = {key: [] for key in plan}
+    for rep in range(warmup + repeats):
+        for kind, r in plan if rep % 2 == 0 else plan[::-1]:
+            t = one_batched_forward(batch, roots, [draft(r, kind, vocab, gen) for _ in range(size)], prefix)
+            if rep >= warmup:
+                times[(kind, r)].append(t)
+    return curves_of(times, rows, size)
+
+
 def measure(target: Target, rows: list[int], prefix: int, repeats: int, warmup: int, seed: int) -> dict[str, dict]:
     gen = torch.Generator().manual_seed(seed)
     vocab = target.vocab_size
     ids = torch.randint(0, vocab, (prefix,), generator=gen).tolist()
     target.prefill(ids)
     root = int(torch.randint(0, vocab, (), generator=gen))
-    plan = [(kind, r) for kind in (CHAIN, TREE) for r in rows if kind == CHAIN or r > 2]  # 1-2 rows: a chain
+    plan = plan_of(rows)
     times: dict[tuple[str, int], list[float]] = {key: [] for key in plan}
     for rep in range(warmup + repeats):
         order = plan if rep % 2 == 0 else plan[::-1]
@@ -88,13 +143,7 @@ def measure(target: Target, rows: list[int], prefix: int, repeats: int, warmup: 
             t = one_forward(target, draft(r, kind, vocab, gen), prefix, root)
             if rep >= warmup:
                 times[(kind, r)].append(t)
-    curves: dict[str, dict] = {CHAIN: {}, TREE: {}}
-    for (kind, r), values in times.items():
-        curves[kind][str(r)] = statistics.median(values)
-    for r in rows:  # a tree of at most one node is a chain
-        if r <= 2:
-            curves[TREE][str(r)] = curves[CHAIN][str(r)]
-    return curves
+    return curves_of(times, rows)
 
 
 def main() -> None:
@@ -107,10 +156,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch", default="1", help="requests per forward, e.g. 1,2,4,8,16 (default 1)")
     parser.add_argument("--out", default=str(ROOT / "results" / "cost"), help="folder of the per-hardware files")
     args = parser.parse_args()
     try:
         rows = parse_rows(args.rows)
+        sizes = parse_batch_sizes(args.batch)
         if args.prefix < 1 or args.repeats < 1 or args.warmup < 0:
             raise SpecbenchError("--prefix and --repeats must be >= 1 and --warmup >= 0")
         device = resolve_device(args.device)
@@ -132,6 +183,10 @@ def main() -> None:
                                          f"({target.max_context})")
                 start = time.time()
                 curves[dtype] = measure(target, rows, args.prefix, args.repeats, args.warmup, args.seed)
+                for size in (s for s in sizes if s > 1):
+                    target.reset()
+                    curves[dtype].update(measure_batch(target, rows, args.prefix, args.repeats, args.warmup,
+                                                       args.seed, size))
                 one = curves[dtype][CHAIN]["1"] if "1" in curves[dtype][CHAIN] else float("nan")
                 print(f"{dtype}: {len(rows)} row counts x {args.repeats} repeats in {time.time() - start:.0f} s; "
                       f"one row {1e3 * one:.2f} ms", file=sys.stderr)

@@ -29,7 +29,7 @@ from pathlib import Path
 from specbench.engine import DEFAULT_TARGET
 from specbench.engine.devices import emulated_bf16
 from specbench.engine.packaged import is_assembled
-from specbench.run.machine_load import drop_flagged, load_average
+from specbench.data.machine_load import drop_flagged, load_average
 from specbench.sides import parse_spec
 
 BENCHES = ("mt_bench", "humaneval", "math500", "natural_questions", "wmt23", "alpaca")
@@ -148,6 +148,19 @@ PAIR_FP32_GROUP = f"{PAIR_GROUP}-fp32"
 PAIR_FP32_SIDES = (f"sps@draft={PAIR_DRAFT}@label=sps",
                    [f"sps@draft={PAIR_DRAFT}@gamma=8@label=sps@gamma=8",
                     f"sps-confidence@draft={PAIR_DRAFT}@label=sps-confidence"])
+# Speculation under load (`specbench report`'s batch tables): the main methods at B = 1, 2, 4, 8, 16 in one sweep per
+# bench (every side at every B in one process, one file per B: `<out stem>_B<b>.jsonl`), bf16 (`batch-bf16`) and fp32
+# (`batch`). SpS and EAGLE-3 draft the batch at once; SpecBlock and prompt lookup draft through per-request forks.
+# 16 prompts per bench (MT-Bench: 16 conversations, both turns), so B = 16 fills; 64 new tokens per turn, not the
+# other groups' 128, to hold a group (both benches) to about 25 min (bf16) and 30 min (fp32) on the 2-thread Xeon:
+# estimated, not timed, from the cost curves in results/cost (a verify over 16 x 17 rows, extrapolated) and the
+# main groups' per-turn times, with vanilla's B = 1 pass (about 35 ms a token) the largest single part.
+BATCH_GROUP = "batch"
+BATCH_BENCHES = ("humaneval", "mt_bench")
+BATCH_SIZES = (1, 2, 4, 8, 16)
+BATCH_LIMIT = 16
+BATCH_TOKENS = 64
+BATCH_SIDES = ("specblock", ["eagle3", "sps", "pld"])
 SAMPLED_BENCHES = ("mt_bench", "humaneval")  # the T = 1 check of the main methods
 SAMPLED_METHODS = ("specblock", ["eagle3", "sps", "dflash", "ddtree", "medusa"])
 
@@ -167,8 +180,9 @@ def plan(limit: int, repeats: int, stream_limit: int, passes: int) -> list[tuple
     runs = []
     # One node budget for every tree method (16 drafted nodes per verify: the issue's goals are stated there,
     # and this CPU's fp32 verify cost grows past it); the DDTree sweep's own budgets win in their labels.
-    def settings(target: str = TARGET, dtype: str = "float32") -> list[str]:
-        return ["--target", target, "--dtype", dtype, "--max-new-tokens", "128", "--budget", str(BUDGET), "--resume"]
+    def settings(target: str = TARGET, dtype: str = "float32", tokens: int = 128) -> list[str]:
+        return ["--target", target, "--dtype", dtype, "--max-new-tokens", str(tokens), "--budget", str(BUDGET),
+                "--resume"]
 
     common = settings()
 
@@ -224,6 +238,13 @@ def plan(limit: int, repeats: int, stream_limit: int, passes: int) -> list[tuple
     runs.append((out, ["run", *sides(*COPY_GROUP), "--bench", COPY_BENCH, "--limit", str(limit),
                        "--temperature", "0", "--out", out, *common]))  # suffix remembers: timed once
     runs += [stream(group, stream_limit) for group in STREAM_GROUPS]
+    for dtype in ("bfloat16", "float32"):
+        group = BATCH_GROUP + (BF16_SUFFIX if dtype == "bfloat16" else "")
+        for bench in BATCH_BENCHES:
+            out = f"results/{group}_{bench}_{TARGET}_T0.jsonl"
+            runs.append((out, ["run", *sides(*BATCH_SIDES, aa=False), "--bench", bench, "--limit",
+                               str(min(limit, BATCH_LIMIT)), "--batch-size", ",".join(map(str, BATCH_SIZES)),
+                               "--temperature", "0", "--out", out, *settings(dtype=dtype, tokens=BATCH_TOKENS)]))
     for bench in SAMPLED_BENCHES:
         out = f"results/main_{bench}_{TARGET}_T1.jsonl"
         runs.append((out, ["run", *sides(*SAMPLED_METHODS), "--bench", bench, "--limit", str(limit),

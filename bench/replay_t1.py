@@ -36,7 +36,7 @@ BENCHES = ("mt_bench", "humaneval", "math500")  # one prompt each after the stor
 
 def prompts(target: Target, count: int) -> list[tuple[str, list[int]]]:
     texts = [("story", STORY_PROMPT)]
-    from specbench.run.benchmarks import load_benchmark
+    from specbench.data.benchmarks import load_benchmark
 
     for bench in BENCHES[: max(count - 1, 0)]:
         try:

@@ -21,11 +21,11 @@ import torch
 
 from specbench.engine import DEFAULT_TARGET
 from specbench.engine.vanilla import VanillaDrafter
-from specbench.run.benchmarks import load_benchmark
+from specbench.data.benchmarks import load_benchmark
 from specbench.engine.devices import choose_dtype, resolve_device
 from specbench.engine.loop import GenerationConfig, generate
 from specbench.engine.prompts import render_chat
-from specbench.run.results import hardware
+from specbench.data.results import hardware
 from specbench.engine.target import Target
 from specbench.engine.timing import NullTimer, synchronize
 

@@ -42,7 +42,7 @@ class PacerTrainer(MethodTrainer):
     omit = ("max_length", "cache_features")  # packed sequences of cached draft states
 
     def train(self, o: PacerTrainOptions) -> dict:
-        from specbench.run import distributed
+        from specbench.data import distributed
         from specbench.training.fit import fit, recipe_for, training_data
 
         t, data_file, examples = training_data(o)
@@ -77,7 +77,7 @@ class PacerTrainer(MethodTrainer):
 def packed_batches(batch_size: int):
     """batches(items, epoch, world) over packed sequences: similar lengths together, the chunks
     shuffled per epoch (none for the held-out pass); under torchrun this rank's rows of each."""
-    from specbench.run import distributed
+    from specbench.data import distributed
 
     def batches(items, epoch, world):
         order = sorted(range(len(items)), key=lambda i: items[i]["hidden"].shape[0])

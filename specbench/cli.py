@@ -19,7 +19,7 @@ from specbench.engine import interrupt
 from specbench.console import console, err
 from specbench.engine import VANILLA
 from specbench.errors import SpecbenchError
-from specbench.run.run_config import ParityConfig, PresetFlags, ReproduceConfig, RunConfig, SideFlags
+from specbench.run.run_config import ParityConfig, PresetFlags, ReproduceConfig, RunConfig, SideFlags, parse_batch_sizes
 from specbench.training.cli import train_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -56,7 +56,9 @@ def _run(**flags) -> None:
     how = commands.build(SideFlags, flags, "run")
     sides = cli_sides(how.method, parse_opts(how.opt, Path(how.config) if how.config else None), how.label,
                       how.sweep, how.also)
-    cfg = RunConfig(**commands.values_for(RunConfig, flags, sides=sides, config_file=how.config))
+    sizes = parse_batch_sizes(flags["batch_size"])
+    cfg = RunConfig(**commands.values_for(RunConfig, flags, sides=sides, config_file=how.config,
+                                          batch_sweep=sizes if len(sizes) > 1 else []))
     runner = Runner(cfg, err)
     records = runner.run()
     if not runner.world.main:
@@ -64,7 +66,7 @@ def _run(**flags) -> None:
     console.print(summary_table(records, cfg.temperature))
     if runner.skipped:
         err.print(f"[yellow]skipped {len(runner.skipped)} prompt(s) past the context window[/]")
-    console.print(f"records: {runner.out}")
+    console.print(f"records: {', '.join(str(out) for out in runner.outs.values())}")
 
 
 def _run_preset(flags: dict, given: set[str]) -> None:
@@ -99,8 +101,9 @@ def merge(
     import glob
 
     from specbench.options import check_text
-    from specbench.run.merge import find_parts, merge_runs, write_run
-    from specbench.run.safe_files import check_output
+    from specbench.data.part_files import find_parts
+    from specbench.run.merge import merge_runs, write_run
+    from specbench.data.safe_files import check_output
 
     if parts:
         sources = [Path(p) for pattern in parts for p in (sorted(glob.glob(pattern)) or [pattern])]
@@ -214,7 +217,7 @@ def recheck(
 @list_app.command("presets")
 def list_presets() -> None:
     """Paper presets for `specbench reproduce`."""
-    from specbench.run.preset import list_presets as presets
+    from specbench.data.preset_files import list_presets as presets
 
     table = Table("preset", "table", "targets", "metric")
     for p in presets():
@@ -263,7 +266,7 @@ def _list_options(cls) -> None:
 @list_app.command("benches")
 def list_benches(data_dir: Optional[str] = typer.Option(None, help="Folder of benchmark JSONL files.")) -> None:
     """Benchmarks, their expected size, and the source each would load from."""
-    from specbench.run.benchmarks import data_dir as resolve_dir, list_benchmarks, resolve_source
+    from specbench.data.benchmarks import data_dir as resolve_dir, list_benchmarks, resolve_source
 
     table = Table("bench", "paper", "prompts", "turns", "source", "from")
     folder = resolve_dir(data_dir)
@@ -350,7 +353,8 @@ parity = app.command(name="parity")(commands.command(_parity, commands.flags_of(
 def report(
     results: list[str] = typer.Argument(None, help="Result files or globs (default results/*.jsonl)."),
     out_dir: Path = typer.Option(Path("reports"), help="Where tables and figures go."),
-    show: bool = typer.Option(False, help="Print the main table (and the mixed streams' table) to the console."),
+    show: bool = typer.Option(False, help="Print the main table (and the mixed streams' and batch tables) to the "
+                                          "console."),
 ) -> None:
     """Regenerate the paper-style tables and figures from run records."""
     from specbench.analysis import report as rep
@@ -453,7 +457,7 @@ def main() -> None:
             err.print("interrupted (SIGINT); rerun the command to start it again")
             sys.exit(130)
         finally:
-            from specbench.run import distributed
+            from specbench.data import distributed
 
             distributed.shutdown()
 

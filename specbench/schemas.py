@@ -238,6 +238,25 @@ class _ForcedField(BaseModel):
     forced: Optional[ForcedFigures] = None
 
 
+class BatchFigures(BaseModel):
+    """A batched record's ``batch`` field (engine/batch_loop.py), what the report's batch tables read: its B,
+    its batch group, its start and end on the batch clock (seconds)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    size: StrictInt = Field(ge=1)
+    continuous: StrictBool = False
+    group: StrictInt
+    start: Union[StrictFloat, StrictInt] = Field(ge=0)
+    end: Union[StrictFloat, StrictInt] = Field(ge=0)
+    active_mean: Optional[Union[StrictFloat, StrictInt]] = None
+    batched_drafting: StrictBool = False
+
+
+class _BatchField(BaseModel):
+    batch: Optional[BatchFigures] = None
+
+
 def parse_record(obj: dict, path: str | Path, line: int | None, fix: str = RESULTS_FIX,
                  lenient: bool = False) -> GenerationRecord:
     """A record line -> GenerationRecord, every field type-checked (a null token list, a string time,
@@ -250,6 +269,8 @@ def parse_record(obj: dict, path: str | Path, line: int | None, fix: str = RESUL
     record = validate(_RECORD, {**RECORD_DEFAULTS, **obj} if lenient else obj, path, line, fix)
     if record.forced is not None:
         validate(_ForcedField, {"forced": record.forced}, path, line, fix)
+    if record.batch is not None:
+        validate(_BatchField, {"batch": record.batch}, path, line, fix)
     return record
 
 

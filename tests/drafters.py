@@ -7,7 +7,10 @@ from dataclasses import dataclass
 import torch
 
 from specbench.engine.drafter import DecodeState, Drafter
+from specbench.engine.loop import GenerationConfig, generate
+from specbench.engine.target import Target
 from specbench.engine.tree import DraftTree, SiblingKind
+from specbench.engine.vanilla import VanillaDrafter
 from specbench.engine.verify import logits_to_probs
 
 
@@ -72,6 +75,21 @@ class RandomTreeDrafter(Drafter):
                     break
                 node = kids[0]
         return DraftTree(tokens, tree.parents)
+
+
+def tree_against_vanilla(target: Target, n: int, max_new: int = 40) -> list[tuple[list[int], object, object]]:
+    """(prompt, tree record, vanilla record) of n random 6-token prompts at T = 0: a random tree with the
+    target's greedy path planted against vanilla, the pairs the divergence rules judge."""
+    drafter = RandomTreeDrafter(RandomTreeOptions(nodes=8, seed=1), oracle=target.model)
+    drafter.setup(target)
+    vanilla = VanillaDrafter()
+    vanilla.setup(target)
+    config = GenerationConfig(max_new_tokens=max_new)
+    out = []
+    for p in range(n):
+        prompt = torch.randint(0, target.vocab_size, (6,), generator=torch.Generator().manual_seed(p)).tolist()
+        out.append((prompt, generate(target, drafter, prompt, config), generate(target, vanilla, prompt, config)))
+    return out
 
 
 @dataclass

@@ -137,7 +137,7 @@ def test_a_bf16_batched_run_rescores_its_flips_as_recheck_does(models, tmp_path,
     from specbench.engine.batch_target import BatchTarget
     from specbench.engine.target import TargetOutput
     from specbench.engine.timing import NULL_TIMER
-    from test_recheck import METHOD, _as_before
+    from test_recheck import METHOD, assert_rechecks_to
 
     real = BatchTarget.verify
     shifts: dict = {}
@@ -163,13 +163,4 @@ def test_a_bf16_batched_run_rescores_its_flips_as_recheck_does(models, tmp_path,
     assert flips, "the planted bug flips the method's texts"
     for d in flips:  # judged at run time by the exact rule, on the prompt the batch decoded
         assert d["rule"] == "exact" and d["status"] == "unexplained" and d["replay_mismatches"] == 0, d
-    old = tmp_path / "old.jsonl"
-    old.write_bytes(b"".join(_as_before(line) for line in lines))
-    code, out, err = cli(["recheck", str(old)], capsys)
-    assert code == 0, err
-    assert f"re-scored {len(flips)} flip(s)" in out
-    for mine, theirs in zip(old.read_bytes().splitlines(keepends=True), lines):
-        a, b = json.loads(mine), json.loads(theirs)
-        if a.get("divergence"):
-            a["divergence"].pop("rescored_on", None)
-        assert a == b
+    assert_rechecks_to(lines, len(flips), tmp_path, capsys)

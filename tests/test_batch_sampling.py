@@ -16,9 +16,9 @@ from specbench.engine import batch_loop
 from specbench.engine.batch_loop import BatchConfig, BatchRequest, generate_batch
 from specbench.engine.batch_target import BatchTarget
 from specbench.engine.loop import GenerationConfig
-from specbench.engine.verify import WalkResult, sample_token
 from stats import loglik_z, sequential_chi2
-from test_deep_sampling import ALPHA, BROKEN_SAMPLES, CASES, DEPTH, PROMPT, SAMPLES, exact_law, params_of
+from test_deep_sampling import (ALPHA, BROKEN_SAMPLES, CASES, DEPTH, PROMPT, SAMPLES, accepting_one_more, exact_law,
+                                params_of)
 
 NEIGHBOURS = [[2], [0, 1, 2, 3, 3, 2, 1, 0, 1, 2, 0], [3, 3, 3]]
 BATCH = BatchConfig(4, continuous=True)
@@ -39,17 +39,8 @@ def break_batched_step(monkeypatch, kind: str) -> None:
         def commit(self, packed, kept):
             real(self, packed, [[0] + [r - 1 for r in rows[1:]] for rows in kept])
         monkeypatch.setattr(BatchTarget, "commit", commit)
-    elif kind == "accept_one_more":  # the first rejected draft is accepted too, the bonus drawn from its row
-        walk = batch_loop.walk
-
-        def broken(tree, logits, params, generator=None, rule=None):
-            result = walk(tree, logits, params, generator, rule)
-            kids = tree.children.get(result.accepted[-1] if result.accepted else -1, {})
-            if not kids:
-                return result
-            child = next(iter(kids.values()))
-            return WalkResult(result.accepted + [child], sample_token(logits[child + 1], params, generator))
-        monkeypatch.setattr(batch_loop, "walk", broken)
+    elif kind == "accept_one_more":
+        monkeypatch.setattr(batch_loop, "walk", accepting_one_more(batch_loop.walk))
     else:
         raise ValueError(kind)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specbench.run.benchmarks import (
+from specbench.data.benchmarks import (
     CARDS_DIR,
     Prompt,
     data_dir,
@@ -48,7 +48,7 @@ def test_cards_list_all_ten_paper_first():
 
 
 def test_bench_cards_ship_in_the_package_and_shadow_no_library():
-    assert CARDS_DIR == REPO / "specbench" / "run" / "benches"
+    assert CARDS_DIR == REPO / "specbench" / "data" / "benches"
     assert not (CARDS_DIR / "__init__.py").exists() and not (REPO / "datasets").exists()
     # From the repo root, `import datasets` must still be the Hugging Face library.
     code = "import datasets; assert callable(datasets.load_dataset); print(datasets.__file__)"

@@ -109,7 +109,7 @@ def test_resume_with_other_config_is_refused(models, tmp_path, capsys):
 
 def test_resume_on_another_machine_is_refused(models, tmp_path, capsys, monkeypatch):
     """One file's sides are compared as if timed on one machine: a resume elsewhere would mix two."""
-    import specbench.run.results as results
+    import specbench.data.results as results
 
     out = tmp_path / "r.jsonl"
     args = base_args(models, out)
@@ -183,7 +183,7 @@ def test_long_prompts_skip_with_warning_or_fail(models, tmp_path, capsys):
 def test_cpu_generation_tells_zen3_from_zen4():
     """Two CPUs with one model name ("AMD EPYC") time bf16 very differently: the header says which one ran."""
     from specbench.engine.devices import cpu_fields
-    from specbench.run.results import _cpu_generation
+    from specbench.data.results import _cpu_generation
 
     zen3 = "processor\t: 0\ncpu family\t: 25\nmodel\t\t: 1\nflags\t\t: fpu sse2 avx2\n\nprocessor\t: 1\n"
     zen4 = "processor\t: 0\ncpu family\t: 25\nmodel\t\t: 17\nflags\t\t: avx2 avx512f avx512_bf16\n"

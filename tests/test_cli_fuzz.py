@@ -421,7 +421,7 @@ def test_file_fuzz(tmp_path, capsys, monkeypatch, models):
     every input byte-identical afterwards; no strays; a held results file refused naming its holder."""
     import shutil
 
-    from specbench.run.safe_files import WriterLock
+    from specbench.data.safe_files import WriterLock
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(Target, "load", classmethod(lambda cls, *a, **k: (_ for _ in ()).throw(LoadReached())))

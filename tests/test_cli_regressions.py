@@ -228,7 +228,7 @@ def test_specbench_data_naming_a_file_is_refused_at_once(tmp_path, capsys, monke
     def no_hub(*args, **kwargs):
         raise AssertionError("the Hub was tried")
 
-    import specbench.run.benchmarks as benchmarks
+    import specbench.data.benchmarks as benchmarks
 
     monkeypatch.setattr(benchmarks, "_hub_rows", no_hub)
     one_line_error(RUN + ["--out", str(tmp_path / "r.jsonl")], capsys, "SPECBENCH_DATA=", "is a file, not a folder")

@@ -211,6 +211,19 @@ CASES = {
 
 
 # ---- the broken steps of the negative controls ----------------------------------------------------
+def accepting_one_more(walk):
+    """``walk`` off by one at the rejection point: the first rejected draft is accepted too and the bonus is
+    drawn from its row."""
+    def broken(tree, logits, params, generator=None, rule=None):
+        result = walk(tree, logits, params, generator, rule)
+        kids = tree.children.get(result.accepted[-1] if result.accepted else -1, {})
+        if not kids:
+            return result
+        child = next(iter(kids.values()))
+        return WalkResult(result.accepted + [child], sample_token(logits[child + 1], params, generator))
+    return broken
+
+
 def break_step(monkeypatch, kind: str) -> None:
     if kind == "forget_last_row":
         # Compaction drops the last kept row (for vanilla, the bonus): the target forgets tokens.
@@ -229,16 +242,7 @@ def break_step(monkeypatch, kind: str) -> None:
     elif kind == "accept_one_more":
         # Off by one at the rejection point: the first rejected draft is accepted too and the
         # bonus is drawn from its row.
-        real = engine.walk
-
-        def walk(tree, logits, params, generator=None, rule=None):
-            result = real(tree, logits, params, generator, rule)
-            kids = tree.children.get(result.accepted[-1] if result.accepted else -1, {})
-            if not kids:
-                return result
-            child = next(iter(kids.values()))
-            return WalkResult(result.accepted + [child], sample_token(logits[child + 1], params, generator))
-        monkeypatch.setattr(engine, "walk", walk)
+        monkeypatch.setattr(engine, "walk", accepting_one_more(engine.walk))
     else:
         raise ValueError(kind)
 

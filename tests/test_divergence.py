@@ -9,34 +9,20 @@ import math
 import pytest
 import torch
 
-from drafters import RandomTreeDrafter, RandomTreeOptions
-from specbench.engine.vanilla import VanillaDrafter
+from drafters import tree_against_vanilla
 from specbench import divergence
 from specbench.engine import kvcache
 from specbench.divergence import NEAR_TIE, UNEXPLAINED, TopLogits, classify
-from specbench.engine.loop import GenerationConfig, generate
 from specbench.engine.target import Target
 from tiny import tiny_llama
 
 VOCAB = 512
 
 
-def _prompts(n: int) -> list[list[int]]:
-    return [torch.randint(0, VOCAB, (6,), generator=torch.Generator().manual_seed(p)).tolist() for p in range(n)]
-
-
-def _pairs(target: Target, n: int, max_new: int = 40) -> list[dict]:
-    drafter = RandomTreeDrafter(RandomTreeOptions(nodes=8, seed=1), oracle=target.model)
-    drafter.setup(target)
-    vanilla = VanillaDrafter()
-    vanilla.setup(target)
-    config = GenerationConfig(max_new_tokens=max_new)
-    out = []
-    for prompt in _prompts(n):
-        ours, base = generate(target, drafter, prompt, config), generate(target, vanilla, prompt, config)
-        out.append(classify(ours.new_tokens, base.new_tokens, ours.top_logits, base.top_logits, target.dtype,
-                            divergence.layers_of(target.model)))
-    return out
+def _judged_pairs(target: Target, n: int) -> list[dict]:
+    """The bound's verdict on each of n random-tree turns against vanilla's."""
+    return [classify(ours.new_tokens, base.new_tokens, ours.top_logits, base.top_logits, target.dtype,
+                     divergence.layers_of(target.model)) for _, ours, base in tree_against_vanilla(target, n)]
 
 
 def test_margins_decide_near_tie_or_unexplained():
@@ -73,14 +59,14 @@ def test_delta_follows_the_dtype():
 
 def test_fp32_turns_are_identical():
     target = Target(tiny_llama(0, vocab=VOCAB, init=0.05), None, "tiny")
-    out = _pairs(target, 6)
+    out = _judged_pairs(target, 6)
     assert all(d["status"] == "identical" for d in out)
     assert max(d["noise_roundings"] for d in out) < 64  # fp32: a batched verify stays within a few roundings
 
 
 def test_bf16_run_classifies_its_divergences():
     target = Target(tiny_llama(0, vocab=VOCAB, init=0.05).to(torch.bfloat16), None, "tiny-bf16")
-    out = _pairs(target, 12)
+    out = _judged_pairs(target, 12)
     counts = divergence.counts(out)
     assert counts["identical"] + counts["near-tie"] + counts["unexplained"] == 12
     assert counts["near-tie"] >= 1  # this model has near-ties that flip under batched bf16 verifies
@@ -104,7 +90,7 @@ def test_a_wrong_cache_row_is_unexplained(monkeypatch):
 
     monkeypatch.setattr(kvcache, "compact", wrong_rows)
     target = Target(tiny_llama(0, vocab=VOCAB, init=0.05), None, "tiny")
-    out = _pairs(target, 6)
+    out = _judged_pairs(target, 6)
     diverged = [d for d in out if d["status"] != "identical"]
     assert diverged and all(d["status"] == UNEXPLAINED for d in diverged)
 

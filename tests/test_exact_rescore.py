@@ -11,14 +11,12 @@ import math
 import pytest
 import torch
 
-from drafters import RandomTreeDrafter, RandomTreeOptions
+from drafters import tree_against_vanilla
 from specbench import divergence
 from specbench.divergence import EXACT, NEAR_TIE, UNEXPLAINED, classify
-from specbench.engine.loop import GenerationConfig, generate
 from specbench.engine.rescore import VERIFY_ROWS, Rescorer
 from specbench.engine.target import Target, TargetOutput
 from specbench.engine.timing import NULL_TIMER
-from specbench.engine.vanilla import VanillaDrafter
 from tiny import tiny_llama
 
 VOCAB = 512
@@ -58,20 +56,6 @@ def _float64_logits(model, ids: list[int]) -> torch.Tensor:
         gate, up = h @ w[p + "mlp.gate_proj.weight"].T, h @ w[p + "mlp.up_proj.weight"].T
         x = x + (torch.nn.functional.silu(gate) * up) @ w[p + "mlp.down_proj.weight"].T
     return rms(x, w["model.norm.weight"])[-1] @ w["lm_head.weight"].T
-
-
-def _pairs(target: Target, n: int, max_new: int = 40) -> list[tuple[list[int], object, object]]:
-    """(prompt, method record, vanilla record) of n prompts: a tree drafter against vanilla at T = 0."""
-    drafter = RandomTreeDrafter(RandomTreeOptions(nodes=8, seed=1), oracle=target.model)
-    drafter.setup(target)
-    vanilla = VanillaDrafter()
-    vanilla.setup(target)
-    config = GenerationConfig(max_new_tokens=max_new)
-    out = []
-    for p in range(n):
-        prompt = torch.randint(0, VOCAB, (6,), generator=torch.Generator().manual_seed(p)).tolist()
-        out.append((prompt, generate(target, drafter, prompt, config), generate(target, vanilla, prompt, config)))
-    return out
 
 
 def _judged(target: Target, pairs) -> list[dict]:
@@ -115,7 +99,7 @@ def test_a_genuine_bf16_near_tie_is_a_near_tie():
     """A correct tree verify in bf16 flips near-ties; the exact rule finds each within the noise measured at
     its position, and each method gap within that noise of the exact gap."""
     target = _bf16_target()
-    judged = _judged(target, _pairs(target, 12))
+    judged = _judged(target, tree_against_vanilla(target, 12))
     flips = [d for d in judged if d.get("rule") == EXACT]
     assert flips, "this model has bf16 flips"
     for d in flips:
@@ -141,7 +125,7 @@ def test_a_verify_off_by_more_than_the_noise_is_unexplained(monkeypatch):
         return TargetOutput(out.logits + shift.to(out.logits.dtype), out.taps)
 
     monkeypatch.setattr(Target, "verify", perturbed)
-    pairs = _pairs(target, 12)
+    pairs = tree_against_vanilla(target, 12)
     monkeypatch.setattr(Target, "verify", real)  # re-scoring runs correct forwards
     flips = [d for d in _judged(target, pairs) if d.get("rule") == EXACT]
     assert flips and all(d["status"] == UNEXPLAINED for d in flips)
@@ -192,6 +176,6 @@ def test_draft_rows_one_position_off_are_unexplained(monkeypatch):
         return compiled
 
     monkeypatch.setattr(Target, "compile_tree", shifted)
-    pairs = _pairs(target, 12)
+    pairs = tree_against_vanilla(target, 12)
     flips = [d for d in _judged(target, pairs) if d.get("rule") == EXACT]  # re-scoring builds its own positions
     assert flips and all(d["status"] == UNEXPLAINED for d in flips)

@@ -213,7 +213,7 @@ class _nothing:
 
 @needs_data
 def test_spec_bench_bench_and_its_categories():
-    from specbench.run.benchmarks import load_benchmark
+    from specbench.data.benchmarks import load_benchmark
 
     assert len(load_benchmark("spec_bench")) == 480
     for category in ("translation", "summarization", "qa", "math_reasoning", "rag"):

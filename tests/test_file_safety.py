@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from specbench.run.safe_files import WriterLock
+from specbench.data.safe_files import WriterLock
 from specbench.engine.target import Target
 from test_cli import REPO, base_args, cli
 

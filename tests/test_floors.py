@@ -11,10 +11,11 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "specbench"
 # Top floor first. A module's floor is that of its longest listed prefix.
 FLOORS = {
-    "specbench.cli": 5, "specbench.console": 5, "specbench.__main__": 5,  # the command line
+    "specbench.cli": 6, "specbench.console": 6, "specbench.__main__": 6,  # the command line
+    "specbench.run": 5,  # the runner, run configurations, paper plans, parity, merging parts, the writer
     "specbench.analysis": 4,  # result files -> tables, figures, orderings, the export
-    "specbench.training": 3,  # beside run: trains drafters on the target's answers
-    "specbench.run": 2,  # bench cards, the runner, presets, result files, several processes
+    "specbench.training": 3,  # trains drafters on the target's answers
+    "specbench.data": 2,  # what run, training and analysis share: bench cards, streams, result files, presets
     "specbench.engine": 1,  # the decode loop, the target, trees, verification, the clock, the baseline
     "specbench": 0,  # the ground: errors, the generation record and its metrics
 }
@@ -80,7 +81,23 @@ def test_the_checker_sees_an_upward_arrow_and_a_circle(tmp_path):
     source = tmp_path / "x.py"
     source.write_text("def f():\n    from specbench.cli import main\n    from specbench.engine import VANILLA\n")
     assert imports(source, {"specbench.cli", "specbench.engine"}) == {"specbench.cli", "specbench.engine"}
-    assert floor("specbench.engine.target") == 1 and floor("specbench.metrics") == 0 and floor("specbench.cli") == 5
+    assert floor("specbench.engine.target") == 1 and floor("specbench.metrics") == 0 and floor("specbench.cli") == 6
+
+
+def within(module: str, *packages: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+def test_training_and_analysis_read_the_data_floor_not_run():
+    """A trainer or a report reads bench cards, result files and presets from specbench.data, never from run/
+    (none of the runner comes with them), and the data floor imports nothing of the three above it."""
+    assert floor("specbench.data.results") < floor("specbench.training.fit") < floor("specbench.run.runner")
+    assert floor("specbench.analysis.orderings") < floor("specbench.run.runner")
+    above_data = ("specbench.run", "specbench.training", "specbench.analysis", "specbench.cli")
+    wrong = [f"{a} -> {b}" for a, targets in graph().items() for b in sorted(targets)
+             if (within(a, "specbench.training", "specbench.analysis") and within(b, "specbench.run"))
+             or (within(a, "specbench.data") and within(b, *above_data))]
+    assert not wrong, "\n".join(wrong)
 
 
 def test_the_baseline_name_is_defined_once():

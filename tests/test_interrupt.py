@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from specbench.run.results import RunStore
+from specbench.run.store import RunStore
 from specbench.engine.target import Target
 from test_cli import REPO, base_args, cli, read
 from test_train_cli import prompt_file

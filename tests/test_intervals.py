@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specbench.run import drafter_paths, machine_load
+from specbench.data import drafter_paths, machine_load
 
 from specbench.analysis import paired
 from specbench.analysis.cost_model import CHAIN, TREE, CostCurve, curve_path, ideal_with_source, load_curve, slug

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from specbench.analysis.cost_model import cost_model, ideal_and_efficiency
-from specbench.run.machine_load import MARK, under_load
-from specbench.analysis.orderings import Claim, load_claims, ordering_frame
+from specbench.data.machine_load import MARK, under_load
+from specbench.analysis.orderings import Claim, Sides, load_claims, ordering_frame, read_claims
 from specbench.analysis.paired import verdict
 from specbench.records import GenerationRecord
 from specbench.analysis.report import ResultFile, write_report
@@ -33,12 +33,25 @@ def result_file(records, name: str = "f.jsonl", **meta) -> ResultFile:
     return ResultFile(Path(name), {**META, **meta}, tuple(records))
 
 
+def header(sides: dict[str, tuple[str, dict]], budget_option: str | None = None, ran: dict | None = None) -> dict:
+    """Header fields of the sides {label: (method, options as given)}: what the runner writes of each."""
+    return {"side_specs": [{"label": label, "method": method, "options": options, "name": label, "shown": []}
+                           for label, (method, options) in sides.items()],
+            "methods": {label: {"method": method, "label": method, "family": method, "ablation_of": None,
+                                "budget_option": budget_option} for label, (method, _) in sides.items()},
+            "method_options": ran or {}}
+
+
+def sweep_header(method: str, key: str, values) -> dict:
+    return header({f"{method}@{key}={v}": (method, {key: v}) for v in values}, budget_option=key)
+
+
 def side(method: str, factor: float, noise: float, n: int = 12):
     """n prompts whose vanilla takes 1 + i/10 s; this side takes factor × that, times a ±noise wobble."""
     return [rec(method, f"p{i}", (1 + i / 10) * factor * (1 + noise * (-1) ** i)) for i in range(n)]
 
 
-CLAIM = Claim("a faster than b", "test", r"a", r"b")
+CLAIM = Claim("a faster than b", "test", Sides(method=("a",)), Sides(method=("b",)))
 
 
 def verdict_of(a_factor: float, b_factor: float, noise: float = 0.02) -> str:
@@ -85,17 +98,66 @@ def test_pairs_across_files_of_one_bench_and_monotone_and_stream_claims():
     files = [result_file(base + side("a", 0.5, 0.02), "one.jsonl"), result_file(base + side("b", 0.8, 0.02), "two.jsonl")]
     assert ordering_frame(files, [CLAIM]).verdict.tolist() == ["holds"]
     # τ rising with the budget: 1.5, 2, 2.5 committed tokens per call.
-    sweep = [rec(f"d@budget={b}", f"p{i}", 1.0, committed=int(10 * t) + (i % 2)) for b, t in ((8, 1.5), (16, 2.0),
-                                                                                             (32, 2.5)) for i in range(8)]
-    mono = Claim("τ monotone", "test", r"d@budget=(?P<budget>\d+)", metric="tau", direction=">=", compare="next")
-    frame = ordering_frame([result_file(sweep)], [mono])
+    budgets = ((8, 1.5), (16, 2.0), (32, 2.5))
+    sweep = [rec(f"d@budget={b}", f"p{i}", 1.0, committed=int(10 * t) + (i % 2)) for b, t in budgets for i in range(8)]
+    mono = Claim("τ monotone", "test", Sides(method=("d",), given=("budget",)), metric="tau", direction=">=",
+                 compare="next")
+    frame = ordering_frame([result_file(sweep, **sweep_header("d", "budget", [b for b, _ in budgets]))], [mono])
     assert frame[["a", "b", "verdict"]].values.tolist() == [["d@budget=16", "d@budget=8", "holds"],
                                                             ["d@budget=32", "d@budget=16", "holds"]]
     # A stream whose acceptance grows with the query index.
     stream = [rec("s", f"q{i}", 1.0, committed=10 + i + (i % 3), query_index=i) for i in range(24)]
-    rise = Claim("rises", "test", r"s", metric="tau", compare="quarters")
+    rise = Claim("rises", "test", Sides(method=("s",)), metric="tau", compare="quarters")
     row = ordering_frame([result_file(stream)], [rise]).iloc[0]
     assert row.verdict == "holds" and row.n == 6 and row.ratio > 1
+
+
+def pairs(files, claim: Claim) -> list[tuple[str, str]]:
+    return sorted(ordering_frame(files, [claim])[["a", "b"]].itertuples(index=False, name=None))
+
+
+def test_claims_pick_sides_by_what_the_header_says_never_by_label():
+    """A claim names sides by method and options as the results header records them: a label that reads like
+    another method's side is not parsed, option values compare as numbers, defaults are the registry's."""
+    from specbench.analysis.report.names import option_defaults
+
+    default = option_defaults("sps")["gamma"]
+    labels = {"tuned": ("a", {"gamma": "4"}), "a@gamma=9": ("b", {}), "plain": ("a", {}),
+              "sps": ("sps", {}), "sps-short": ("sps", {"gamma": "3"})}
+    ran = {"tuned": {"gamma": 4}, "plain": {"gamma": 2}, "sps": {"gamma": int(default)}, "sps-short": {"gamma": 3}}
+    base = [rec("vanilla", f"p{i}", 1 + i / 10) for i in range(12)]
+    files = [result_file(base + [r for label in labels for r in side(label, 0.5, 0.02)], **header(labels, ran=ran))]
+    b = Sides(method=("b",))
+    assert pairs(files, Claim("set γ", "test", Sides(method=("a",), given=("gamma",)), b)) == [("tuned", "a@gamma=9")]
+    assert pairs(files, Claim("γ 2", "test", Sides(method=("a",), options=(("gamma", 2.0),)), b)) == \
+        [("plain", "a@gamma=9")]
+    assert pairs(files, Claim("default γ", "test", Sides(method=("sps",), defaults=("gamma",)), b)) == \
+        [("sps", "a@gamma=9")]
+
+
+def test_same_run_and_same_budget_restrict_the_pairs():
+    base = [rec("vanilla", f"p{i}", 1 + i / 10) for i in range(12)]
+    one = {"a@budget=8": ("a", {"budget": 8}), "a@budget=16": ("a", {"budget": 16}), "b@budget=8": ("b", {"budget": 8}),
+           "b": ("b", {})}
+    two = {"a": ("a", {})}
+    files = [result_file(base + [r for label in one for r in side(label, 0.5, 0.02)], "one.jsonl",
+                         **header(one, budget_option="budget")),
+             result_file(base + side("a", 0.6, 0.02), "two.jsonl", **header(two, budget_option="budget"))]
+    a, b = Sides(method=("a",)), Sides(method=("b",))
+    every = pairs(files, Claim("any", "test", a, b))
+    assert len(every) == 6 and ("a", "b") in every  # across files by prompt id
+    assert ("a", "b") not in pairs(files, Claim("run", "test", a, b, same_run=True))
+    assert len(pairs(files, Claim("run", "test", a, b, same_run=True))) == 4
+    assert pairs(files, Claim("budget", "test", a, b, same_budget=True)) == [("a", "b"), ("a@budget=8", "b@budget=8")]
+
+
+def test_a_claim_file_names_sides_as_data(tmp_path: Path):
+    path = tmp_path / "claims.yaml"
+    path.write_text("- text: t\n  source: s\n  a: {method: sps, given: [gamma], options: {schedule: fixed}}\n"
+                    "  b: {family: dvi}\n  same_run: true\n")
+    [claim] = read_claims(path)
+    assert claim.a == Sides(method=("sps",), options=(("schedule", "fixed"),), given=("gamma",))
+    assert claim.b == Sides(family="dvi") and claim.same_run and not claim.same_budget
 
 
 def test_ideal_speedup_arithmetic():
@@ -143,7 +205,7 @@ def test_table_lists_claims_with_data_and_counts_the_rest():
     CSV), and a block where no claim has data gets no section at all."""
     from specbench.analysis.orderings import orderings_table
 
-    untestable = Claim("c faster than d", "test", r"c", r"d")
+    untestable = Claim("c faster than d", "test", Sides(method=("c",)), Sides(method=("d",)))
     base = [rec("vanilla", f"p{i}", 1 + i / 10) for i in range(12)]
     tested = result_file(base + side("a", 0.5, 0.02) + side("b", 0.8, 0.02), "t0.jsonl")
     idle = result_file([rec("vanilla", "p0", 1.0), rec("x", "p0", 1.0)], "t1.jsonl", temperature=1.0)

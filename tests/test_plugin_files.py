@@ -9,9 +9,10 @@ import re
 import pytest
 
 from specbench.errors import SpecbenchError
-from specbench.analysis.orderings import Claim, load_claims, read_claims
-from specbench.run.plugin_files import declared_paths
-from specbench.run.preset import build_plan, drafter_option, preset_names
+from specbench.analysis.orderings import Claim, Sides, load_claims, read_claims
+from specbench.data.plugin_files import declared_paths
+from specbench.data.preset_files import preset_names
+from specbench.run.preset import build_plan, drafter_option
 from bench_data import needs_data
 from test_cli import cli
 
@@ -39,8 +40,8 @@ methods:
 TOY_CLAIMS = """\
 - text: "SpS faster than vanilla on the toy"
   source: "Toy Table 1"
-  a: 'sps(?:@gamma=\\d+)?'
-  b: 'vanilla'
+  a: {method: sps}
+  b: {method: vanilla}
 """
 
 
@@ -66,7 +67,8 @@ def test_a_package_outside_the_tree_ships_presets_and_claims(tmp_path, monkeypat
             {"__init__.py": init, "presets/toy-table.yaml": TOY_PRESET, "claims.yaml": TOY_CLAIMS}, monkeypatch)
     assert tmp_path / "toyspec" / "presets" in declared_paths("specbench.presets")
     assert "toy-table" in preset_names()
-    assert Claim("SpS faster than vanilla on the toy", "Toy Table 1", r"sps(?:@gamma=\d+)?", "vanilla") in load_claims()
+    assert Claim("SpS faster than vanilla on the toy", "Toy Table 1", Sides(method=("sps",)),
+                 Sides(method=("vanilla",))) in load_claims()
     code, out, _ = cli(["list", "presets"], capsys)
     assert code == 0 and "toy-table" in out
     code, out, err = cli(["reproduce", "toy-table", "--target", "toy/target", "--dry-run", "--drafter", "sps=/d/sps",
@@ -100,9 +102,13 @@ def test_the_shipped_presets_and_claims_are_found():
     ("a: b", "must be a YAML list of mappings"),
     ("- {text: t, source: s, a: x, colour: red}", "unknown field 'colour'"),
     ("- {text: t, a: x}", "no source"),
-    ("- {text: t, source: s, a: x, metric: bleu}", "metric 'bleu' is not one of speedup"),
-    ("- {text: t, source: s, a: x, compare: worst}", "compare 'worst' is not one of each, best, next, quarters"),
-    ("- {text: t, source: s, a: 'x(', b: y}", "pattern 'x('"),
+    ("- {text: t, source: s, a: {method: x}, metric: bleu}", "metric 'bleu' is not one of speedup"),
+    ("- {text: t, source: s, a: {method: x}, compare: worst}", "compare 'worst' is not one of each, best, next, quarters"),
+    ("- {text: t, source: s, a: 'x@gamma=\\d+', b: {method: y}}", "claim 1, a: expected a mapping"),
+    ("- {text: t, source: s, a: {options: {gamma: 4}}}", "name a method, family or ablation_of"),
+    ("- {text: t, source: s, a: {method: x, label: y}}", "unknown field 'label'"),
+    ("- {text: t, source: s, a: {method: [x, 3]}}", "method must be a name or a list of names"),
+    ("- {text: t, source: s, a: {method: x}, compare: best}", "compare 'best' needs b"),
     ("- [unclosed", "claims file"),
 ])
 def test_a_bad_claims_file_fails_in_one_line(tmp_path, text, message):

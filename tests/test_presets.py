@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from specbench import metrics
-from specbench.run.preset import build_plan, frame, load_preset, preset_names, select_prompts
-from specbench.run.benchmarks import Prompt
+from specbench.data.preset_files import apply_variant, load_preset, preset_names
+from specbench.run.preset import build_plan, frame, select_prompts
+from specbench.data.benchmarks import Prompt
 from specbench.records import GenerationRecord
 from specbench.analysis.report import ResultFile, paper_metric_cells, paper_metric_table, render_markdown
 from specbench.run.runner import run_sides
@@ -235,8 +236,6 @@ def test_ddtree_alpaca_follows_ddtrees_loader(tmp_path, monkeypatch):
 
 
 def test_preset_variant_errors_are_one_line(tmp_path, monkeypatch):
-    from specbench.run.preset import apply_variant
-
     base = load_preset("specblock-table1")
     with pytest.raises(Exception, match="changes nosuch, which the preset does not have") as err:
         apply_variant(base, "x", {"methods": {"nosuch": {"options": {}}}})

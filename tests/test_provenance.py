@@ -3,7 +3,7 @@
 import hashlib
 import subprocess
 
-from specbench.run.results import git_dirty
+from specbench.data.results import git_dirty
 
 
 def _git(repo, *args):

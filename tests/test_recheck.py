@@ -34,6 +34,21 @@ def _as_before(line: bytes) -> bytes:
     return (json.dumps(obj, ensure_ascii=False) + "\n").encode()
 
 
+def assert_rechecks_to(lines: list[bytes], flips: int, tmp_path: Path, capsys) -> None:
+    """``lines`` (a run's file) stripped of the exact rule's fields re-check to the very records the run wrote,
+    ``flips`` of them re-scored."""
+    old = tmp_path / "old.jsonl"
+    old.write_bytes(b"".join(_as_before(line) for line in lines))
+    code, out, err = cli(["recheck", str(old)], capsys)
+    assert code == 0, err
+    assert f"re-scored {flips} flip(s)" in out
+    for mine, theirs in zip(old.read_bytes().splitlines(keepends=True), lines, strict=True):
+        a, b = json.loads(mine), json.loads(theirs)
+        if a.get("divergence"):
+            a["divergence"].pop("rescored_on", None)
+        assert a == b
+
+
 def _plant_flip(lines: list[bytes], position: int = 5) -> tuple[int, int]:
     """The method's turn 0 of the first conversation as an older writer records a flip at ``position`` (the
     bound's verdict, no exact figures), its turn 1 inheriting it: so that the file has a flip whatever this
@@ -58,7 +73,7 @@ def test_recheck_judges_each_flip_as_the_run_would_and_keeps_every_other_byte(mo
     from specbench.engine.rescore import Rescorer
     from specbench.engine.target import Target
     from specbench.records import GenerationRecord
-    from specbench.run.benchmarks import load_benchmark
+    from specbench.data.benchmarks import load_benchmark
 
     ran = tmp_path / "ran.jsonl"
     _bf16_run(models, ran, capsys)
@@ -108,16 +123,7 @@ def test_a_bf16_run_writes_what_recheck_writes(models, tmp_path, capsys):
     _bf16_run(models, ran, capsys, limit=4)
     lines = ran.read_bytes().splitlines(keepends=True)
     judged = [i for i, line in enumerate(lines) if b'"rule": "exact"' in line]
-    old = tmp_path / "old.jsonl"
-    old.write_bytes(b"".join(_as_before(line) for line in lines))
-    code, out, err = cli(["recheck", str(old)], capsys)
-    assert code == 0, err
-    assert f"re-scored {sum(b'method_token' in lines[i] for i in judged)} flip(s)" in out
-    for mine, theirs in zip(old.read_bytes().splitlines(keepends=True), lines):
-        a, b = json.loads(mine), json.loads(theirs)
-        if a.get("divergence"):
-            a["divergence"].pop("rescored_on", None)
-        assert a == b
+    assert_rechecks_to(lines, sum(b"method_token" in lines[i] for i in judged), tmp_path, capsys)
 
 
 def test_recheck_refuses_in_one_line(models, tmp_path, capsys):

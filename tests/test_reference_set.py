@@ -6,6 +6,13 @@ import json
 from pathlib import Path
 
 from specbench.engine.registry import available_methods
+from specbench.sides import parse_spec
+
+
+def learns(spec):
+    from specbench.engine.registry import method_class
+
+    return method_class(parse_spec(spec).method).learns
 
 SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "reference_set.py"
 
@@ -39,11 +46,12 @@ def test_plan_covers_every_bench_method_and_claim():
         dtype = {"bfloat16"} if group.endswith(module.BF16_SUFFIX) else {module.PAIR_GROUP: {"bfloat16", "float32"}}.get(
             group, {"float32"})
         assert argv[:1] == ["run"] and "--resume" in argv and argv[argv.index("--dtype") + 1] in dtype
-        assert argv[argv.index("--max-new-tokens") + 1] == "128" and argv[argv.index("--out") + 1] == out
+        tokens = module.BATCH_TOKENS if group.startswith(module.BATCH_GROUP) else 128  # the batch sweeps: shorter turns
+        assert argv[argv.index("--max-new-tokens") + 1] == str(tokens) and argv[argv.index("--out") + 1] == out
         assert argv[argv.index("--budget") + 1] == "16"  # every tree method at one node budget
         assert set(methods(argv)) <= set(available_methods())
     # the two settings of their own tables, and SpecBlock's one comparison of its two bonus-row readings: fewer prompts
-    extra = (module.BF16_GROUP + "_", module.PAIR_GROUP, module.BONUS_ROW_GROUP)
+    extra = (module.BF16_GROUP + "_", module.PAIR_GROUP, module.BONUS_ROW_GROUP, module.BATCH_GROUP)
     t0 = [argv for out, argv in runs if out.endswith("_T0.jsonl") and "mixed" not in out and argv[0] == "run"
           and not Path(out).name.startswith(extra)]
     for bench in ("mt_bench", "humaneval", "math500", "natural_questions", "wmt23", "alpaca"):
@@ -63,7 +71,9 @@ def test_plan_covers_every_bench_method_and_claim():
 
 
 def test_the_ablation_run_compares_drafters_trained_alike_and_its_claim_pairs_them():
-    from specbench.analysis.orderings import _agree, _match, load_claims
+    from specbench.analysis.orderings import comparisons, load_claims
+    from specbench.sides import Side, parse_spec
+    from test_orderings import rec, result_file
 
     module, runs = load_plan()
     argv = next(a for out, a in runs if "specblock-ablations_humaneval" in out)
@@ -80,10 +90,19 @@ def test_the_ablation_run_compares_drafters_trained_alike_and_its_claim_pairs_th
             recipe = json.loads((folder / "config.json").read_text())["recipe"]
             assert (recipe["max_steps"], recipe["dtype"]) == (module.ABLATION_STEPS, "float32"), folder
     claim = next(c for c in load_claims() if "ablation" in c.text)
-    labels = sides(argv) + ["vanilla", "specblock"]  # the main run's two-epoch specblock must not pair
-    bases, variants = _match(claim.a, labels), _match(claim.b, labels)
-    pairs = {(a, b) for a, ga in bases.items() for b, gb in variants.items() if _agree(ga, gb)}
-    # ... each ablation with its base; the A/A control (a second vanilla side) pairs with nothing
+    opts = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "--opt")
+    run = [Side(argv[argv.index("--method") + 1], opts, argv[argv.index("--label") + 1])]
+    run += [parse_spec(argv[i + 1]) for i, a in enumerate(argv) if a == "--also"]
+    assert [side.label for side in run] == sides(argv)
+
+    def result(labels, specs, name):  # what the run writes: records of every side, the sides in the header
+        records = [rec(label, f"p{i}", 1.0) for label in ["vanilla", *labels] for i in range(8)]
+        return result_file(records, name, side_specs=[side.header() for side in specs])
+
+    files = [result(sides(argv), run, "ablations.jsonl"),
+             result(["specblock"], [Side("specblock")], "main.jsonl")]  # the main run's two-epoch specblock
+    pairs = {(a, b) for a, b, _, _ in comparisons(claim, files, "humaneval")}
+    # ... each ablation with its base of the same run; the A/A control (a second vanilla side) pairs with nothing
     assert pairs == {("specblock (400 steps)", label) for label in sides(argv)[1:] if label != "vanilla (A/A)"}
 
 
@@ -175,3 +194,21 @@ def test_specblocks_two_bonus_row_readings_run_side_by_side_on_every_bench_in_fp
             assert sides(argv) == ["specblock (bonus row once)", "specblock (bonus row duplicate)", "vanilla (A/A)"]
             assert argv[argv.index("--dtype") + 1] == dtype and int(argv[argv.index("--limit") + 1]) == limit
             assert "bonus_row=once" in argv and any("@bonus_row=duplicate@" in a for a in argv)
+
+
+def test_the_batch_groups_sweep_the_main_methods_over_b_in_both_dtypes():
+    from specbench.engine.registry import method_class, parse_options
+    from specbench.run.run_config import parse_batch_sizes
+
+    module, runs = load_plan()
+    sweeps = {(Path(out).name.split("_")[0], a[a.index("--bench") + 1]): a for out, a in runs if "--batch-size" in a}
+    groups = (module.BATCH_GROUP, module.BATCH_GROUP + module.BF16_SUFFIX)
+    assert set(sweeps) == {(g, b) for g in groups for b in ("humaneval", "mt_bench")}
+    for (group, _), argv in sweeps.items():
+        assert parse_batch_sizes(argv[argv.index("--batch-size") + 1]) == [1, 2, 4, 8, 16]
+        assert argv[argv.index("--dtype") + 1] == ("bfloat16" if group.endswith(module.BF16_SUFFIX) else "float32")
+        assert int(argv[argv.index("--limit") + 1]) == 16  # B = 16 fills
+        assert not any(learns(spec) for spec in methods(argv)) and "vanilla (A/A)" not in sides(argv)
+        # the methods that draft the batch at once beside the main ones drafting through per-request forks
+        assert all(method_class(m)(parse_options(method_class(m), {})).batched_drafting for m in ("sps", "eagle3"))
+        assert {"specblock", "eagle3", "sps", "pld"} <= set(methods(argv))

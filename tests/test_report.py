@@ -396,17 +396,27 @@ def test_pacer_gamma_table_shares_over_the_lengths_chosen(tmp_path: Path):
     assert build_report(write_jsonl(tmp_path / "none.jsonl", base), reps=0).table("pacer_gamma_table") is None
 
 
-def _ddtree_files(tmp_path: Path, fa2_verify: float) -> list[Path]:
+def _ddtree_files(tmp_path: Path, fa2_verify: float, fa2_label: str = "dflash-fa2") -> list[Path]:
     """ddtree-table1's two runs of one bench: SDPA (vanilla, dflash) and flash-attention-2 (vanilla, dflash-fa2),
     the flash-attention-2 DFlash taking ``fa2_verify`` s of verify per prompt against SDPA's 1.0 s."""
     sdpa = [r for p in range(4) for r in (vanilla("humaneval", f"p{p}", 21, 4.0),
                                            drafted("dflash", "humaneval", f"p{p}", [3] * 5, 0.5, 1.0))]
     fa2 = [r for p in range(4) for r in (vanilla("humaneval", f"p{p}", 21, 4.0),
-                                          drafted("dflash-fa2", "humaneval", f"p{p}", [3] * 5, 0.5, fa2_verify))]
+                                          drafted(fa2_label, "humaneval", f"p{p}", [3] * 5, 0.5, fa2_verify))]
     meta = dict(preset="ddtree-table1", method="dflash")
     return [write_jsonl(tmp_path / "ddtree-table1_humaneval_t_T0.jsonl", sdpa, label="dflash", **meta),
-            write_jsonl(tmp_path / "ddtree-table1_humaneval_t_T0_flash_attention_2.jsonl", fa2, label="dflash-fa2",
+            write_jsonl(tmp_path / "ddtree-table1_humaneval_t_T0_flash_attention_2.jsonl", fa2, label=fa2_label,
                         attn_implementation="flash_attention_2", **meta)]
+
+
+def test_a_side_under_another_attention_is_found_by_its_header_not_its_label(tmp_path: Path):
+    """The flash-attention-2 side is DFlash with the SDPA side's options, whatever its label says."""
+    from specbench.analysis.report.papers import paper_metric_cells
+    from specbench.analysis.report.records import load_result_files
+
+    cells = paper_metric_cells(load_result_files(_ddtree_files(tmp_path, 0.4, fa2_label="dflash on flash")))
+    assert list(cells.method) == ["dflash"] and cells.side.iloc[0] == "dflash on flash"
+    assert cells.other_sides.iloc[0].startswith("dflash ")
 
 
 @pytest.mark.parametrize("fa2_verify, faster", [(0.4, "dflash-fa2"), (1.6, "dflash")])

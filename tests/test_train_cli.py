@@ -10,7 +10,7 @@ from methods.eagle3 import Eagle3Drafter, Eagle3Options
 from methods.sps import SpSDrafter, SpSOptions
 from specbench.engine.vanilla import VanillaDrafter
 from specbench.engine.loop import GenerationConfig, generate
-from specbench.run.results import hardware
+from specbench.data.results import hardware
 from specbench.engine.target import Target
 from test_cli import cli
 

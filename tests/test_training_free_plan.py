@@ -12,7 +12,7 @@ from specbench.analysis.orderings import load_claims, ordering_frame
 from specbench.engine.registry import method_class, parse_options
 from specbench.run.runner import RunConfig, run_sides
 from specbench.sides import cli_sides, parse_spec
-from test_orderings import rec, result_file
+from test_orderings import header, rec, result_file
 
 SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "reference_set.py"
 FREE = {"pld", "suffix", "lookahead"}
@@ -85,11 +85,11 @@ def test_prompt_lookup_claim_is_decided_on_summarization_only(factor, want):
     assert frame[["bench", "a", "b", "verdict"]].values.tolist() == [["cnn_dailymail", "pld", "vanilla", want]]
 
 
-@pytest.mark.parametrize("label", ["lookahead", "lookahead@window=4"])
-def test_lookahead_claim_matches_labels_with_options(label):
+@pytest.mark.parametrize("label, options", [("lookahead", {}), ("lookahead@window=4", {"window": "4"})])
+def test_lookahead_claim_takes_its_sides_with_any_options(label, options):
     c = claim("lookahead faster than vanilla")
     records = side("vanilla", 1.0, "mt_bench", noise=0) + side(label, 0.6, "mt_bench")
-    frame = ordering_frame([result_file(records)], [c])
+    frame = ordering_frame([result_file(records, **header({label: ("lookahead", options)}))], [c])
     assert frame.verdict.tolist() == ["holds"] and frame.a.tolist() == [label]
 
 

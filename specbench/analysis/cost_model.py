@@ -26,7 +26,7 @@ import bisect
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -76,6 +76,11 @@ def cost_model(method: Sequence[GenerationRecord], baseline: Sequence[Generation
 CHAIN, TREE = "chain", "tree"  # a chain verifies with the causal kernel, a tree with an explicit mask
 
 
+def batch_kind(kind: str, size: int) -> str:
+    """The stored name of a kind measured over ``size`` requests per forward (batch 1 keeps the plain name)."""
+    return kind if size == 1 else f"{kind}@B{size}"
+
+
 @dataclass(frozen=True)
 class CostCurve:
     """The target's forward seconds against rows (one verify forward over ``rows`` rows after the prefix),
@@ -104,6 +109,17 @@ class CostCurve:
     def steps(self, rows: float, kind: str = CHAIN) -> float:
         """Cost of a ``rows``-row forward in one-row steps: t(rows) / t(1)."""
         return self.time(rows, kind) / self.time(1, kind)
+
+    def at_batch(self, size: int) -> "CostCurve | None":
+        """The curve of one verify forward over ``size`` requests at once, each with the rows on the x axis
+        (``bench/forward_cost.py --batch``, kinds ``chain@B4``, ``tree@B4``): batch 1 is this curve itself;
+        None where that B was not measured. Its t(1) is vanilla's batched step at that B, so the ideal it
+        gives compares a method with vanilla at the same B."""
+        if size == 1:
+            return self
+        seconds = {kind: self.seconds[batch_kind(kind, size)] for kind in (CHAIN, TREE)
+                   if batch_kind(kind, size) in self.seconds}
+        return replace(self, seconds=seconds) if CHAIN in seconds else None
 
     def dips(self, kind: str = CHAIN, tolerance: float = 0.05) -> list[tuple[int, int]]:
         """(r, s) with r < s where s rows cost over ``tolerance`` less than r rows: where the curve is not

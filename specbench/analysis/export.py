@@ -35,10 +35,10 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from specbench.errors import SpecbenchError
-from specbench.run.benchmarks import HEADER_KEY, category_header
+from specbench.data.benchmarks import HEADER_KEY, category_header
 from specbench.engine import VANILLA as BASELINE
 from specbench.records import GenerationRecord
-from specbench.run.safe_files import atomic_text, check_output
+from specbench.data.safe_files import atomic_text, check_output
 
 FORMATS = ("spec-bench",)
 TOKENIZER_DIR = "tokenizer"  # the counting tokenizer, beside the answer files
@@ -76,7 +76,7 @@ def answer_rows(records: Sequence[GenerationRecord], categories: dict[tuple[str,
 # ---- categories ---------------------------------------------------------------------------------
 def _from_data(bench: str, data_dir: str | None) -> dict | None:
     """Older results files: the categories of the bench's data, or None when it cannot be read."""
-    from specbench.run.benchmarks import load_benchmark
+    from specbench.data.benchmarks import load_benchmark
 
     try:
         return category_header(load_benchmark(bench, data_dir))[bench]

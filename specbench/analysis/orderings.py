@@ -1,23 +1,24 @@
 """Verdicts on the papers' claims: for each claim, holds / reversed / inconclusive from a paired
 bootstrap over conversations (``specbench.analysis.paired``: a conversation's turns, both MT-Bench turns
-included, are summed and resampled together), per benchmark and over all benchmarks together.
+included, are summed and resampled together), per benchmark and over all benches together.
 
-Claims are data, YAML files that method packages ship (entry-point group ``specbench.claims``): two
-label patterns, a metric, a direction and a threshold on the ratio A / B. Patterns are regular
-expressions matched against whole side labels; named groups that both patterns have must agree
-(``(?P<at>@budget=\\d+)?`` pairs two methods at the same budget).
-``compare`` says what A is held against: ``each`` B label, the ``best`` B label (highest point value on
-the pairs), the ``next`` A label in the order of its ``budget`` group (monotone claims; A = the larger),
-or A's own first ``quarters`` of the stream (its last quarter over its first, unpaired)."""
+Claims are data, YAML files that method packages ship (entry-point group ``specbench.claims``): two side
+selectors, a metric, a direction and a threshold on the ratio A / B. A selector names sides by what the
+results header says they are (``report.names.side_infos``), never by their labels: the registered method,
+its family or the method it ablates, the options the side ran with, the options the run set itself
+(``given``) and those left at the method's default (``defaults``). ``same_run`` pairs only sides one run
+held side by side, ``same_budget`` only sides that set the same node budget (or none).
+``compare`` says what A is held against: ``each`` B side, the ``best`` B side (highest point value on
+the pairs), the ``next`` A side in the order of its node budget (monotone claims; A = the larger), or A's
+own first ``quarters`` of the stream (its last quarter over its first, unpaired)."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -25,8 +26,9 @@ import yaml
 
 from specbench import metrics
 from specbench.analysis import paired
+from specbench.analysis.report.names import MethodInfo, option_defaults
 from specbench.errors import SpecbenchError
-from specbench.run.plugin_files import declared_paths
+from specbench.data.plugin_files import declared_paths
 from specbench.engine import VANILLA
 from specbench.records import GenerationRecord
 
@@ -34,17 +36,55 @@ ALL = "all"
 
 
 @dataclass(frozen=True)
+class Sides:
+    """Which sides a claim names, by what the results header says they are. Every field given must hold."""
+
+    method: tuple[str, ...] = ()  # the registered method, one of these
+    family: str = ""  # the method's family
+    ablation_of: str = ""  # the registered method it ablates
+    options: tuple[tuple[str, Any], ...] = ()  # the side ran with these values
+    given: tuple[str, ...] = ()  # options the run set itself (a sweep's key, --opt), any value
+    defaults: tuple[str, ...] = ()  # options it ran with at the method's default
+
+    def matches(self, info: MethodInfo) -> bool:
+        if (self.method and info.method not in self.method) or (self.family and info.family != self.family) \
+                or (self.ablation_of and info.ablation_of != self.ablation_of):
+            return False
+        given = dict(info.given)
+        if any(key not in given for key in self.given):
+            return False
+        if any(not _same_value(info.option(key), value) for key, value in self.options):
+            return False
+        defaults = option_defaults(info.method) if self.defaults else {}
+        return all(key in defaults and _same_value(info.option(key) or defaults[key], defaults[key])
+                   for key in self.defaults)
+
+
+def _same_value(ran: str | None, wanted: Any) -> bool:
+    """An option's value as the header holds it (text) against a claim's (YAML): numbers as numbers."""
+    if ran is None:
+        return False
+    wanted = str(wanted).lower() if isinstance(wanted, bool) else str(wanted)
+    try:
+        return float(ran) == float(wanted)
+    except ValueError:
+        return ran == wanted
+
+
+@dataclass(frozen=True)
 class Claim:
     text: str  # the claim as the table prints it
     source: str  # the paper that makes it
-    a: str  # label pattern of the side claimed better / larger
-    b: str = ""  # label pattern of the side it is held against
+    a: Sides  # the sides claimed better / larger
+    b: Sides | None = None  # the sides they are held against
     metric: str = "speedup"  # speedup | tau | td (paired.METRICS)
     direction: str = ">"  # the claimed relation of A / B to threshold: > | >= | <
     threshold: float = 1.0
     compare: str = "each"  # each | best | next | quarters
     benches: tuple[str, ...] = ()  # only these benches (empty: every bench)
-    up_to_peak: bool = False  # only A labels whose budget is at most the budget of A's best speedup
+    up_to_peak: bool = False  # only A sides whose node budget is at most that of A's best speedup
+    same_run: bool = False  # A and B only where one results file holds both
+    same_budget: bool = False  # A and B only at the same given node budget (or both without one)
 
 
 CLAIMS_GROUP = "specbench.claims"  # entry points naming YAML files of claims
@@ -72,17 +112,42 @@ def _claim(raw: dict, where: str) -> Claim:
         raise SpecbenchError(f"{where}: {'; '.join(problems)} (fields: {', '.join(fields)})")
     benches = raw.get("benches") or ()
     claim = Claim(**{**raw, "threshold": float(raw.get("threshold", 1.0)),
+                     "a": _sides(raw["a"], f"{where}, a"), "b": _sides(raw["b"], f"{where}, b") if raw.get("b") else None,
                      "benches": (benches,) if isinstance(benches, str) else tuple(benches)})
     for name, value, allowed in (("metric", claim.metric, tuple(paired.METRICS)),
                                  ("direction", claim.direction, DIRECTIONS), ("compare", claim.compare, COMPARES)):
         if value not in allowed:
             raise SpecbenchError(f"{where}: {name} {value!r} is not one of {', '.join(allowed)}")
-    for pattern in (claim.a, claim.b):
-        try:
-            re.compile(pattern)
-        except re.error as e:
-            raise SpecbenchError(f"{where}: pattern {pattern!r}: {e}") from None
+    if claim.b is None and claim.compare in ("each", "best"):
+        raise SpecbenchError(f"{where}: compare {claim.compare!r} needs b, the sides A is held against")
     return claim
+
+
+def _names(value, where: str, key: str) -> tuple[str, ...]:
+    names = (value,) if isinstance(value, str) else value
+    if not isinstance(names, (list, tuple)) or not names or not all(isinstance(n, str) and n for n in names):
+        raise SpecbenchError(f"{where}: {key} must be a name or a list of names (got {value!r})")
+    return tuple(names)
+
+
+def _sides(raw, where: str) -> Sides:
+    """A selector from its YAML mapping; at least one of method, family or ablation_of."""
+    fields = [f.name for f in dataclasses.fields(Sides)]
+    if not isinstance(raw, Mapping):
+        raise SpecbenchError(f"{where}: expected a mapping of {', '.join(fields)} (got {raw!r})")
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise SpecbenchError(f"{where}: unknown field {unknown[0]!r} (fields: {', '.join(fields)})")
+    if not any(raw.get(k) for k in ("method", "family", "ablation_of")):
+        raise SpecbenchError(f"{where}: name a method, family or ablation_of")
+    options = raw.get("options") or {}
+    if not isinstance(options, Mapping):
+        raise SpecbenchError(f"{where}: options must be a mapping of option -> value (got {options!r})")
+    return Sides(method=_names(raw["method"], where, "method") if raw.get("method") else (),
+                 family=str(raw.get("family") or ""), ablation_of=str(raw.get("ablation_of") or ""),
+                 options=tuple((str(k), v) for k, v in options.items()),
+                 given=_names(raw["given"], where, "given") if raw.get("given") else (),
+                 defaults=_names(raw["defaults"], where, "defaults") if raw.get("defaults") else ())
 
 
 def load_claims() -> tuple[Claim, ...]:
@@ -133,17 +198,25 @@ def quarter_units(files: Sequence, label: str, bench: str | None) -> tuple[np.nd
 
 # ---- one claim -------------------------------------------------------------------------------------
 
-def _match(pattern: str, labels: Iterable[str]) -> dict[str, dict]:
-    rx = re.compile(pattern)
-    return {label: m.groupdict() for label in sorted(labels) if (m := rx.fullmatch(label))}
+def sides_of(files: Sequence, bench: str | None) -> dict[str, list[tuple[Any, MethodInfo]]]:
+    """Side label -> (file, what the side is) for every file that holds its records (on ``bench``)."""
+    out: dict[str, list] = {}
+    for f in files:
+        labels = {r.method for r in f.records if bench is None or r.bench == bench}
+        for label, info in f.sides().items():
+            if label in labels:
+                out.setdefault(label, []).append((f, info))
+    return out
 
 
-def _agree(ga: dict, gb: dict) -> bool:
-    return all(ga[k] == gb[k] for k in set(ga) & set(gb))
-
-
-def _budget(groups: dict) -> int:
-    return int(groups.get("budget") or 0)
+def select(sides: Sides, infos: Mapping[str, list]) -> dict[str, MethodInfo]:
+    """The labels ``sides`` names (what each is, from the first file where it matches), in label order."""
+    out = {}
+    for label in sorted(infos):
+        info = next((i for _, i in infos[label] if sides.matches(i)), None)
+        if info is not None:
+            out[label] = info
+    return out
 
 
 def _point(files, label: str, bench: str | None, metric: str) -> float:
@@ -153,16 +226,19 @@ def _point(files, label: str, bench: str | None, metric: str) -> float:
         return float(paired.METRICS[metric](rows.sum(0))) if len(rows) else math.nan
 
 
-def comparisons(claim: Claim, files: Sequence, bench: str | None) -> list[tuple[str, str, np.ndarray, np.ndarray]]:
-    """(A label, B label, A rows, B rows) for every comparison the claim makes on ``bench``."""
-    labels = {r.method for f in files for r in f.records if bench is None or r.bench == bench}
-    sides_a = _match(claim.a, labels)
+def comparisons(claim: Claim, files: Sequence, bench: str | None,
+                infos: Mapping[str, list] | None = None) -> list[tuple[str, str, np.ndarray, np.ndarray]]:
+    """(A label, B label, A rows, B rows) for every comparison the claim makes on ``bench``; ``infos``: the
+    files' sides there (``sides_of``) when already read."""
+    infos = sides_of(files, bench) if infos is None else infos
+    sides_a = select(claim.a, infos)
+    budget = {label: info.given_budget or 0 for label, info in sides_a.items()}
     if claim.up_to_peak and sides_a:
         points = {label: _point(files, label, bench, "speedup") for label in sides_a}
         finite = {k: v for k, v in points.items() if math.isfinite(v)}
         if finite:
-            peak = _budget(sides_a[max(finite, key=finite.get)])
-            sides_a = {k: g for k, g in sides_a.items() if _budget(g) <= peak}
+            peak = budget[max(finite, key=finite.get)]
+            sides_a = {k: info for k, info in sides_a.items() if budget[k] <= peak}
     out = []
     if claim.compare == "quarters":
         for label in sides_a:
@@ -170,13 +246,16 @@ def comparisons(claim: Claim, files: Sequence, bench: str | None) -> list[tuple[
             out.append((f"{label} (last quarter)", f"{label} (first quarter)", last, first))
         return out
     if claim.compare == "next":
-        ordered = sorted(sides_a, key=lambda k: _budget(sides_a[k]))
+        ordered = sorted(sides_a, key=lambda k: budget[k])
         for small, large in zip(ordered, ordered[1:]):
             out.append((large, small, *paired_units(files, large, small, bench)))
         return out
-    sides_b = _match(claim.b, labels)
-    for label_a, ga in sides_a.items():
-        rivals = [label_b for label_b, gb in sides_b.items() if label_b != label_a and _agree(ga, gb)]
+    sides_b = select(claim.b, infos)
+    held = [{r.method for r in f.records} for f in files] if claim.same_run else []
+    for label_a, info_a in sides_a.items():
+        rivals = [label_b for label_b, info_b in sides_b.items() if label_b != label_a
+                  and (not claim.same_budget or info_a.given_budget == info_b.given_budget)
+                  and (not claim.same_run or any({label_a, label_b} <= labels for labels in held))]
         if claim.compare == "best" and rivals:
             rivals = [max(rivals, key=lambda b: _nan_low(_point(files, b, bench, claim.metric)))]
         for label_b in rivals:
@@ -215,11 +294,12 @@ def ordering_frame(files: Sequence, claims: Sequence[Claim] | None = None, reps:
     rows = []
     for (target, temp), group in sorted(blocks.items()):
         benches = sorted({r.bench for f in group for r in f.records})
+        infos = {bench: sides_of(group, None if bench == ALL else bench) for bench in [*benches, ALL]}
         for claim in claims:
             scope = [b for b in benches if not claim.benches or b in claim.benches]
             found = 0
             for bench in scope + ([ALL] if len(scope) > 1 else []):
-                for label_a, label_b, a, b in comparisons(claim, group, None if bench == ALL else bench):
+                for label_a, label_b, a, b in comparisons(claim, group, None if bench == ALL else bench, infos[bench]):
                     found += 1
                     rows.append(dict(target=target, temperature=temp, claim=claim.text, source=claim.source,
                                      bench=bench, a=label_a, b=label_b, metric=claim.metric,

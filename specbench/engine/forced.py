@@ -56,22 +56,26 @@ def _forced_pass(target: Target, drafter: Drafter, prompt: list[int], config: Ge
     return generate(target, drafter, prompt, config, timer=NullTimer())
 
 
-def forced_check(target: Target, drafter: Drafter, vanilla: GenerationRecord, config: GenerationConfig) -> dict | None:
+def forced_check(target: Target, drafter: Drafter, vanilla: GenerationRecord, config: GenerationConfig,
+                 aa: bool = True) -> dict | None:
     """The forced figures of one method turn against ``vanilla``'s twin turn (generated with ``keep_logits``),
-    ``config`` the turn's own; None when vanilla's rows were not kept (a turn of an earlier, resumed run)."""
+    ``config`` the turn's own; None when vanilla's rows were not kept (a turn of an earlier, resumed run).
+    ``aa`` False leaves out the A/A pass (half the forwards) for a caller that reads the method's side only."""
     rows, prompt = getattr(vanilla, "logit_rows", None), getattr(vanilla, "prompt_ids", None)
     if rows is None or prompt is None:
         return None
     forced = replace(config, forced=tuple(vanilla.new_tokens), keep_logits=True)
     ours = _forced_pass(target, private_copy(drafter, target) if drafter.learns else drafter, prompt, forced)
-    oracle = OracleChain(vanilla.new_tokens, ours.tree_sizes)
-    oracle.setup(target)
-    theirs = _forced_pass(target, oracle, prompt, forced)
-    out = {**_side(ours, vanilla), "aa": _side(theirs, vanilla)}
+    out = _side(ours, vanilla)
+    if aa:
+        oracle = OracleChain(vanilla.new_tokens, ours.tree_sizes)
+        oracle.setup(target)
+        out["aa"] = _side(_forced_pass(target, oracle, prompt, forced), vanilla)
     if target.dtype == torch.float32:  # the engine's claim; bf16 has none (compare with the A/A side)
         out["bound"] = agreement.FP32_BOUND
-        for side in (out, out["aa"]):
-            side["within_bound"] = agreement.within(side, agreement.FP32_BOUND)
+        for side in (out, out.get("aa")):
+            if side is not None:
+                side["within_bound"] = agreement.within(side, agreement.FP32_BOUND)
     return out
 
 

@@ -1,1 +1,2 @@
-"""Running benchmarks: bench cards, prompt streams, the runner, presets, result files, several processes."""
+"""Running benchmarks: the runner and its configurations, paper presets' plans, the results writer, merging the
+parts of several processes, parity and recheck."""

@@ -10,29 +10,12 @@ too long for the context; parts record that in ``skip`` lines, which readers ign
 
 from __future__ import annotations
 
-import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from specbench.errors import SpecbenchError
-from specbench.run.results import read_results
-from specbench.run.safe_files import atomic_text, check_output
-
-
-def part_path(out: str | Path, rank: int, size: int) -> Path:
-    out = Path(out)
-    return out.with_name(f"{out.name}.part-{rank}of{size}")
-
-
-def find_parts(out: str | Path) -> list[Path]:
-    """Every part file of ``out`` on disk (any world size), ordered by world size, then rank."""
-    out = Path(out)
-    pattern = re.compile(re.escape(out.name) + r"\.part-(\d+)of(\d+)")
-    if not out.parent.is_dir():
-        return []
-    found = [(int(m[2]), int(m[1]), p) for p in out.parent.iterdir() if (m := pattern.fullmatch(p.name))]
-    return [p for _, _, p in sorted(found)]
+from specbench.data.results import read_results
+from specbench.data.safe_files import atomic_text, check_output
 
 
 def line_key(obj: dict) -> tuple[str, str, str, int]:

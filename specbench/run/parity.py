@@ -173,13 +173,13 @@ def compare(ours: dict, ref: dict) -> dict:
 def run_parity(cfg: ParityConfig, progress=None) -> Path:
     """Run ``cfg.method`` and its reference interleaved; write the JSONL and refresh the table.
     Every check that can refuse (method, package, drafter layout, prompts) runs before anything is written."""
-    from specbench.run.benchmarks import check_data_dir_option
+    from specbench.data.benchmarks import check_data_dir_option
     from specbench.engine.devices import choose_dtype, resolve_device
     from specbench.engine.registry import create_drafter
     from specbench.engine.loop import GenerationConfig, generate
     from specbench.engine.prompts import render_chat
-    from specbench.run.results import environment_metadata
-    from specbench.run.streams import load_stream_prompts
+    from specbench.data.results import environment_metadata
+    from specbench.data.streams import load_stream_prompts
     from specbench.engine.target import Target
     from specbench.engine.verify import SamplingParams
 

@@ -23,17 +23,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import yaml
 
-from specbench.run.benchmarks import Prompt, load_benchmark
+from specbench.data.benchmarks import Prompt, load_benchmark
+from specbench.data.preset_files import load_preset
 from specbench.engine.registry import available_methods, method_class
-from specbench.errors import SpecbenchError, unknown_name_error
-from specbench.run.plugin_files import declared_paths
+from specbench.errors import SpecbenchError
 from specbench.run.run_config import ReproduceConfig
 from specbench.run.runner import BASELINE, RunConfig
 from specbench.sides import Side
 
-PRESETS_GROUP = "specbench.presets"  # entry points naming folders of preset *.yaml files
 _ENTRY_META = ("source", "train", "revision", "note")  # drafter-entry keys that are not method options
 ATTN_TAGS = {"flash_attention_2": "fa2", "flash_attention_3": "fa3", "eager": "eager"}  # label suffixes
 
@@ -45,82 +43,6 @@ def plan_for(cfg: ReproduceConfig) -> "Plan":
                       drafters=cfg.drafter, device=cfg.device, dtype=cfg.dtype, max_new_tokens=cfg.max_new_tokens,
                       data_dir=cfg.data_dir, target_revision=cfg.target_revision, resume=cfg.resume,
                       overwrite=cfg.overwrite)
-
-
-# ------------------------------------------------------------------------------------------- loading
-
-def preset_files() -> dict[str, Path]:
-    """Preset name (the file's stem) -> its YAML file, over every folder the packages declare."""
-    found: dict[str, Path] = {}
-    for folder in declared_paths(PRESETS_GROUP):
-        for path in sorted(folder.glob("*.yaml")):
-            if path.stem in found:
-                raise SpecbenchError(f"preset {path.stem} is shipped twice: {found[path.stem]} and {path}")
-            found[path.stem] = path
-    return found
-
-
-def _read_yaml(path: Path) -> dict:
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        raise SpecbenchError(f"preset {path} is not valid YAML: {e}".replace("\n", " ")) from None
-    missing = [k for k in ("name", "title", "metric", "temperatures", "max_new_tokens", "targets", "benches", "methods")
-               if k not in (raw or {})]
-    if missing:
-        raise SpecbenchError(f"preset {path} lacks field(s) {', '.join(missing)}")
-    from specbench.schemas import PresetFile, validate_file
-
-    validate_file(PresetFile, raw, f"preset {path}", "fix the preset file")  # field types, one line
-    return raw
-
-
-def preset_names() -> list[str]:
-    """Every preset file's name and, after it, ``<name>-<variant>`` for each variant it declares."""
-    names = []
-    for stem, path in sorted(preset_files().items()):
-        names.append(stem)
-        names += [f"{stem}-{v}" for v in (_read_yaml(path).get("variants") or {})]
-    return sorted(names)
-
-
-def load_preset(name: str) -> dict:
-    files = preset_files()
-    if name in files:
-        raw = _read_yaml(files[name])
-        raw["variant_names"] = [f"{name}-{v}" for v in raw.pop("variants", None) or {}]
-        return raw
-    for stem, path in files.items():
-        variant = name[len(stem) + 1:] if name.startswith(f"{stem}-") else None
-        variants = _read_yaml(path).get("variants") or {} if variant else {}
-        if variant in variants:
-            return apply_variant(_read_yaml(path), variant, variants[variant])
-    raise unknown_name_error("preset", name, preset_names(), "specbench list presets")
-
-
-def apply_variant(raw: dict, variant: str, spec: dict) -> dict:
-    """The preset with a variant laid over it: ``methods`` {label: {options, source, note}} replace those
-    methods' settings, ``benches`` {bench: {n, select, note, source, ...}} update those benches' keys."""
-    raw = {**raw, "name": f"{raw['name']}-{variant}", "variant_of": raw["name"]}
-    raw.pop("variants", None)
-    raw["title"] = f"{raw['title']} [{variant}: {spec.get('title', variant)}]"
-    for key in ("code", "dtype", "dtype_source"):
-        if key in spec:
-            raw[key] = spec[key]
-    changes = spec.get("methods") or {}
-    raw["methods"] = [{**m, **changes.get(m["label"], {})} for m in raw["methods"]]
-    bench_changes = spec.get("benches") or {}
-    raw["benches"] = [{**b, **bench_changes.get(b["bench"], {})} for b in raw["benches"]]
-    unknown = sorted((set(changes) - {m["label"] for m in raw["methods"]})
-                     | (set(bench_changes) - {b["bench"] for b in raw["benches"]}))
-    if unknown:
-        raise SpecbenchError(f"preset variant {raw['name']} changes {', '.join(unknown)}, which the preset does not "
-                             "have")
-    return raw
-
-
-def list_presets() -> list[dict]:
-    return [load_preset(name) for name in preset_names()]
 
 
 # ------------------------------------------------------------------------------------------- the plan

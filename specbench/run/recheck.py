@@ -29,10 +29,10 @@ from specbench.engine.rescore import EXACT_DTYPES, Rescorer
 from specbench.engine.target import Target, resolve_dtype
 from specbench.errors import SpecbenchError
 from specbench.records import GenerationRecord
-from specbench.run.benchmarks import Prompt
-from specbench.run.results import hardware, read_results
-from specbench.run.safe_files import WriterLock, atomic_path, check_output
-from specbench.run.streams import load_stream_prompts
+from specbench.data.benchmarks import Prompt
+from specbench.data.results import hardware, read_results
+from specbench.data.safe_files import WriterLock, atomic_path, check_output
+from specbench.data.streams import load_stream_prompts
 
 _PASS_SUFFIX = re.compile(r"#pass\d+$")  # build_queries' id of a prompt's second and later passes
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -32,7 +32,7 @@ MAX_PASSES = 1000  # a stream is materialised in memory; more passes than this i
 # imported when a value is checked (specbench.options).
 DTYPE = "specbench.engine.target:check_dtype"
 DEVICE = "specbench.engine.devices:resolve_device"
-DATA_FOLDER = "specbench.run.benchmarks:check_data_dir_option"
+DATA_FOLDER = "specbench.data.benchmarks:check_data_dir_option"
 
 
 def _template_kwargs(items: list[str]) -> dict:
@@ -127,12 +127,20 @@ class RunConfig:
     # requests decoded together (engine/batch_loop.py); 1 = one at a time through engine/loop.py. A batch's
     # turns share their steps, so a turn cannot be timed alone (--repeats) or re-run alone beside its twin
     # (--check forced replays each turn through the batch-1 loop, not the batched path that was timed).
+    # A sweep (--batch-size 1,2,4): batch_size is its largest B (what the checks above apply to), batch_sweep every
+    # B; each B writes a file of its own (``sweep_out``) and the sides run at every B, interleaved, in one process.
     batch_size: int = option(1, "Requests decoded together: every side (and vanilla) decodes the stream B at a time, "
-                                "one target forward per step for all B (1 = one request at a time).", ge=1,
-                             le=MAX_BATCH, excludes=("repeats", "turn_check"))
+                                "one target forward per step for all B (1 = one request at a time). A list B1,B2,... "
+                                "sweeps: every side runs at each B in one process, one results file per B.", ge=1,
+                             le=MAX_BATCH, excludes=("repeats", "turn_check"), cli_type=str, cli_default="1",
+                             convert=lambda text: max(parse_batch_sizes(text)))
+    batched_loop: bool = option(False, "Decode through the batched loop even at --batch-size 1 (a sweep's B = 1 always "
+                                       "does), to compare it with the one-request loop.",
+                                excludes=("repeats", "turn_check"))
     continuous: bool = option(False, "With --batch-size > 1: a finished request's slot takes the next prompt at once "
                                      "(else static batches, refilled when all B have finished).",
                               requires="batch_size")
+    batch_sweep: list = internal([])  # the B values of a sweep, ascending (the command line's --batch-size B1,B2,...)
     # an untimed check after each method turn (specbench/engine/forced.py)
     turn_check: Optional[Literal["forced"]] = option(
         None, "forced: after each method turn, an untimed pass that commits vanilla's tokens and compares every "
@@ -155,6 +163,17 @@ class RunConfig:
         return self.sides[0].stem
 
     @property
+    def loop(self) -> str:
+        """Which decode loop runs: "batched" (engine/batch_loop.py) or "single" (engine/loop.py)."""
+        return "batched" if self.batch_size > 1 or self.batched_loop or self.batch_sweep else "single"
+
+    def at_batch(self, size: int) -> "RunConfig":
+        """One B of a sweep (itself when there is no sweep): its batch size, through the batched loop."""
+        if not self.batch_sweep:
+            return self
+        return replace(self, batch_size=size, batched_loop=True)
+
+    @property
     def with_baseline(self) -> bool:
         """A vanilla side runs beside the methods (not when the run is vanilla alone)."""
         return self.baseline == BASELINE and self.sides[0].method != BASELINE
@@ -170,6 +189,9 @@ class RunConfig:
             hub.check_reference(self.target, self.target_revision, "target")
         elif self.target_revision:
             raise SpecbenchError(f"--target-revision applies to hub ids; {self.target!r} is not one")
+        if self.batch_sweep and (len(self.batch_sweep) < 2 or max(self.batch_sweep) != self.batch_size):
+            raise SpecbenchError(f"a batch sweep needs two or more sizes, the largest being batch_size "
+                                 f"(got {self.batch_sweep} with batch_size {self.batch_size})")
         if self.turn_check == "forced" and (self.temperature != 0 or not self.with_baseline):
             raise SpecbenchError("--check forced compares each method turn with vanilla's greedy turn: it needs "
                                  f"--temperature 0, --baseline {BASELINE} and a method other than {BASELINE}")
@@ -188,15 +210,31 @@ class RunConfig:
             ident["repeats"] = self.repeats
         if self.budget is not None:
             ident["budget"] = self.budget
-        if self.batch_size != 1:  # only when batched, so batch-1 runs keep their hash
+        if self.batch_size != 1 or self.batched_loop:  # only when batched, so batch-1 runs keep their hash
             ident["batch_size"] = self.batch_size
             ident["continuous"] = self.continuous
+        if self.batch_size == 1 and self.batched_loop:  # batch 1 through the batched loop: another experiment
+            ident["batched_loop"] = True
         if self.turn_check is not None:  # the records carry its figures
             ident["turn_check"] = self.turn_check
         if self.prompts is not None:  # prompts given in memory: their text is part of the experiment
             text = json.dumps([[p.bench, p.id, p.turns] for p in self.prompts], ensure_ascii=False)
             ident["prompts_sha256"] = hashlib.sha256(text.encode()).hexdigest()[:16]
         return ident
+
+
+def parse_batch_sizes(text: str | int) -> list[int]:
+    """``--batch-size`` "4" or "1,2,4,8,16" -> the B values, ascending, each in [1, MAX_BATCH]."""
+    try:
+        sizes = sorted({int(part) for part in str(text).split(",") if part.strip()})
+    except ValueError:
+        raise SpecbenchError(f"--batch-size expects B or a list B1,B2,... of whole numbers (got {text!r})") from None
+    if not sizes:
+        raise SpecbenchError(f"--batch-size expects B or a list B1,B2,... of whole numbers (got {text!r})")
+    bad = next((b for b in sizes if not 1 <= b <= MAX_BATCH), None)
+    if bad is not None:  # worded as the declaration's own range error
+        raise SpecbenchError(f"--batch-size must be in [1, {MAX_BATCH}] (got {bad})")
+    return sizes
 
 
 def drafter_map(items: list[str]) -> dict[str, str]:

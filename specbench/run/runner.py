@@ -13,7 +13,9 @@ merges the parts into ``--out`` (see ``specbench/run/merge.py``).
 
 With ``--batch-size B`` > 1 the stream is cut into chunks (B queries; 4B with ``--continuous``) and every
 side decodes a chunk through the batched loop (``engine/batch_loop.py``) before the next side does,
-alternating which side goes first per chunk."""
+alternating which side goes first per chunk. A sweep (``--batch-size 1,2,4``) decodes each chunk (the
+largest B's) at every B in turn, writing one results file per B (``sweep_out``); its B = 1, like
+``--batched-loop``, runs through the batched loop."""
 
 from __future__ import annotations
 
@@ -28,12 +30,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from specbench.run import distributed, drafter_paths, machine_load
+from specbench.data import distributed, drafter_paths, machine_load
 
 from specbench import divergence, metrics
 
 from specbench.engine import hub, interrupt
-from specbench.run.benchmarks import Prompt
+from specbench.data.benchmarks import Prompt
 from specbench.engine.devices import choose_dtype, resolve_device
 from specbench.engine.drafter import Drafter
 from specbench.engine.registry import method_class, parse_options
@@ -41,15 +43,17 @@ from specbench.engine.forced import forced_check
 from specbench.engine.loop import GenerationConfig, generate, generate_turns
 from specbench.engine.batch_loop import BatchConfig, BatchRequest, generate_batch, generate_conversations
 from specbench.errors import SpecbenchError
-from specbench.run.benchmarks import HEADER_KEY, category_header
+from specbench.data.benchmarks import HEADER_KEY, category_header
 from specbench.options import check_context
-from specbench.run.merge import find_parts, merge_runs, part_path, read_run, write_run
+from specbench.data.part_files import find_parts, part_path
+from specbench.run.merge import merge_runs, read_run, write_run
 from specbench.engine.prompts import ChatFormat, render_chat
 from specbench.engine.rescore import Rescorer
 from specbench.records import GenerationRecord
-from specbench.run.results import RunStore, config_hash, environment_metadata
+from specbench.data.results import environment_metadata
+from specbench.run.store import RunStore, config_hash
 from specbench.run.run_config import RunConfig, validate  # noqa: F401  (also imported from here)
-from specbench.run.streams import Query, build_queries, load_stream_prompts, stream_name
+from specbench.data.streams import Query, build_queries, load_stream_prompts, stream_name
 from specbench.engine.target import Target, check_attention
 from specbench.engine import VANILLA as BASELINE
 from specbench.engine.verify import SamplingParams
@@ -85,8 +89,13 @@ def default_out(cfg: RunConfig) -> Path:
     main = cfg.sides[0]
     label = main.stem + (f"@{'-'.join(main.shown)}-sweep" if main.shown else "")  # the main side's sweep
     passes = f"_x{cfg.passes}" if cfg.passes > 1 else ""
-    batch = f"_B{cfg.batch_size}{'c' if cfg.continuous else ''}" if cfg.batch_size > 1 else ""
+    batch = f"_B{cfg.batch_size}{'c' if cfg.continuous else ''}" if cfg.loop == "batched" else ""
     return Path("results") / f"{label}_{stream_name(cfg.bench)}{passes}{batch}_{target}_T{cfg.temperature:g}.jsonl"
+
+
+def sweep_out(out: Path, size: int) -> Path:
+    """A batch sweep's file for one B beside --out: sweep.jsonl -> sweep_B4.jsonl."""
+    return out.with_name(f"{out.stem}_B{size}{out.suffix}")
 
 
 def check_label_path(out: Path, label: str) -> None:
@@ -132,7 +141,7 @@ class Runner:
         if cfg.repeats > 1 and learners:
             raise SpecbenchError(f"--repeats {cfg.repeats} would feed every query {cfg.repeats} times to "
                                  f"{', '.join(learners)}, which learn while serving; time them with --repeats 1")
-        if cfg.batch_size > 1:  # per instance: its options may decide (SpS's heuristic schedule, DVI's learn=false)
+        if cfg.loop == "batched":  # per instance: its options may decide (SpS's heuristic schedule, DVI's learn=false)
             for spec, cls, opts in parsed:
                 reason = cls(opts).batch_refusal()
                 if reason:
@@ -143,38 +152,51 @@ class Runner:
         if self.world.active and cfg.device_map:
             raise SpecbenchError("--device-map spreads one target over every visible GPU; run it as one process, "
                                  "not under torchrun")
-        if self.world.active and cfg.batch_size > 1:
+        if self.world.active and cfg.loop == "batched":
             raise SpecbenchError("--batch-size decodes a batch in one process; run it without torchrun")
         stream = build_queries(prompts, cfg.passes)
         self.queries: list[Query] = distributed.shard(stream, self.world)
         self.bench = prompts[0].bench if prompts else stream_name(cfg.bench)
         with_baseline = cfg.with_baseline
-        meta = {**cfg.identity(), **({"preset": cfg.preset} if cfg.preset else {}),
-                "method_options": {spec.label: asdict(opts) for spec, _, opts in parsed},
-                "config_hash": config_hash(cfg.identity()), "stream": [q.prompt.id for q in stream],
-                "stream_turns": [len(q.prompt.turns) for q in stream],
-                HEADER_KEY: category_header(q.prompt for q in stream),  # where each prompt's category came from
-                "sides": [spec.label for spec, _, _ in parsed] + ([BASELINE] if with_baseline else []),
-                "methods": {spec.label: cls.report_names() for spec, cls, _ in parsed}
-                | ({BASELINE: method_class(BASELINE).report_names()} if with_baseline else {}),
-                "world_size": self.world.size}
-        if cfg.batch_size > 1:  # per side: one drafter forward for the whole batch (true) or one per request
-            meta["batched_drafting"] = {spec.label: bool(cls(opts).batched_drafting) for spec, cls, opts in parsed} \
+        # A sweep writes one file per B (sweep_out), each with its own identity; the header names the loop that ran.
+        self.batch_sizes: list[int] = list(cfg.batch_sweep) or [cfg.batch_size]
+        shared = {**({"preset": cfg.preset} if cfg.preset else {}), "loop": cfg.loop,
+                  **({"batch_sweep": list(cfg.batch_sweep)} if cfg.batch_sweep else {}),
+                  "method_options": {spec.label: asdict(opts) for spec, _, opts in parsed},
+                  "stream": [q.prompt.id for q in stream],
+                  "stream_turns": [len(q.prompt.turns) for q in stream],
+                  HEADER_KEY: category_header(q.prompt for q in stream),  # where each prompt's category came from
+                  "sides": [spec.label for spec, _, _ in parsed] + ([BASELINE] if with_baseline else []),
+                  "methods": {spec.label: cls.report_names() for spec, cls, _ in parsed}
+                  | ({BASELINE: method_class(BASELINE).report_names()} if with_baseline else {}),
+                  "world_size": self.world.size}
+        if cfg.loop == "batched":  # per side: one drafter forward for the whole batch (true) or one per request
+            shared["batched_drafting"] = {spec.label: bool(cls(opts).batched_drafting) for spec, cls, opts in parsed} \
                 | ({BASELINE: False} if with_baseline else {})
-        self.out = Path(cfg.out or default_out(cfg))
-        if cfg.out is None:
-            check_label_path(self.out, cfg.method_label)
+        self.outs: dict[int, Path] = {}
+        self.stores: dict[int, RunStore] = {}
         self.inputs = run_inputs(cfg, specs)
-        if self.world.active:
-            self.store = self._open_part(meta)
-        else:
-            self.store = RunStore(self.out, meta, resume=cfg.resume, overwrite=cfg.overwrite, inputs=self.inputs)
-        try:  # a model that fails to load leaves no results file behind
+        try:  # a model that fails to load (or a file that cannot be opened) leaves no results file behind
+            for size in self.batch_sizes:
+                at = cfg.at_batch(size)
+                out = Path(cfg.out) if cfg.out else default_out(at)
+                self.out = self.outs[size] = sweep_out(out, size) if cfg.out and cfg.batch_sweep else out
+                if cfg.out is None:
+                    check_label_path(self.out, cfg.method_label)
+                meta = {**at.identity(), **shared, "config_hash": config_hash(at.identity())}
+                if self.world.active:
+                    self.store = self._open_part(meta)
+                else:
+                    self.store = RunStore(self.out, meta, resume=cfg.resume, overwrite=cfg.overwrite,
+                                          inputs=self.inputs)
+                self.stores[size] = self.store
+            self._at(self.batch_sizes[0])
             # a signal during a load stops it at once (nothing to keep yet)
             with distributed.main_first(), interrupt.abortable():  # rank 0 fills any model cache first
                 self._load(cfg, parsed, with_baseline)
         except BaseException:
-            self.store.abandon()
+            for store in self.stores.values():
+                store.abandon()
             raise
         self.sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
         self.skipped: list[str] = []
@@ -191,7 +213,7 @@ class Runner:
         self.with_rows: list[GenerationRecord] = []
         self.groups = {label: itertools.count() for label, _ in self.sides}  # batch groups, numbered per side
         learners = [label for label, d in self.sides if d.learns]
-        if cfg.resume and self.store.done and learners:
+        if cfg.resume and any(store.done for store in self.stores.values()) and learners:
             warnings.warn(f"resuming {', '.join(learners)}: what they learnt before the interruption is not restored, "
                           "so later queries start from the pre-deployment drafter; rerun with --overwrite for a clean stream")
         if self.world.active and learners and self.world.main:
@@ -264,7 +286,12 @@ class Runner:
         if cfg.device_map:
             placed = getattr(self.target.model, "hf_device_map", None) or {"": str(self.target.device)}
             env["device_map"] = sorted({str(d) for d in placed.values()})  # the devices the target spans
-        self.store.start(env)
+        for store in self.stores.values():
+            store.start(env)
+
+    def _at(self, size: int) -> None:
+        """Point the run at one B of a sweep: its results file and store (the only one without a sweep)."""
+        self.out, self.store = self.outs[size], self.stores[size]
 
     @property
     def prompts(self) -> list[Prompt]:
@@ -312,9 +339,9 @@ class Runner:
             record.load_avg = machine_load.load_average()
             self._store(label, record)
 
-    def _run_side_batched(self, label: str, drafter: Drafter, queries: list[Query]) -> None:
-        """Every turn of ``queries`` for one side, decoded ``--batch-size`` at a time; each record is
-        stored as soon as its turn finishes."""
+    def _run_side_batched(self, label: str, drafter: Drafter, queries: list[Query], size: int) -> None:
+        """Every turn of ``queries`` for one side, decoded ``size`` at a time; each record is stored (in the
+        current B's file, ``_at``) as soon as its turn finishes."""
         cfg = self.cfg
 
         def admit(c: int, ids: list[int]) -> bool:
@@ -330,7 +357,7 @@ class Runner:
             return self.store.done.get((label, self.bench, queries[c].prompt.id, k))
 
         turns = generate_conversations(self.target, drafter, [q.prompt.turns for q in queries], config_for,
-                                       BatchConfig(cfg.batch_size, cfg.continuous), cfg.system_prompt, label,
+                                       BatchConfig(size, cfg.continuous), cfg.system_prompt, label,
                                        finished=finished, admit=admit, groups=self.groups[label])
         for c, record in turns:
             query = queries[c]
@@ -397,11 +424,11 @@ class Runner:
         for _, drafter in self.sides:
             if drafter.learns:
                 continue  # a warm-up query would already change what the drafter has learnt
-            if self.cfg.batch_size > 1:  # a full batch: the batched shapes are the ones timed
-                queue = deque(BatchRequest(i, ids, GenerationConfig(16, self.sampling, i))
-                              for i in range(self.cfg.batch_size))
-                for _ in generate_batch(self.target, drafter, queue, BatchConfig(self.cfg.batch_size)):
-                    pass
+            if self.cfg.loop == "batched":  # a full batch at every B: the batched shapes are the ones timed
+                for size in self.batch_sizes:
+                    queue = deque(BatchRequest(i, ids, GenerationConfig(16, self.sampling, i)) for i in range(size))
+                    for _ in generate_batch(self.target, drafter, queue, BatchConfig(size)):
+                        pass
                 continue
             generate(self.target, drafter, ids, GenerationConfig(16, self.sampling, 0))
 
@@ -415,13 +442,18 @@ class Runner:
             progress.advance(task)
 
     def _run_chunks(self, progress: Progress, task) -> None:
-        """--batch-size > 1: each side decodes a chunk of queries in batches, then the next side does;
-        which side goes first alternates per chunk, as it does per query at batch 1."""
+        """The batched loop: each side decodes a chunk of queries in batches, then the next side does;
+        which side goes first alternates per chunk, as it does per query at batch 1. A sweep decodes each
+        chunk at every B in turn (ascending, then descending on the next chunk), every side at one B before
+        the next B, so the sides' ratios at a B are side by side and drift spreads over the Bs; the chunk is
+        the largest B's."""
         size = self.cfg.batch_size * (CONTINUOUS_CHUNK if self.cfg.continuous else 1)
         for n, chunk in enumerate(_chunks(self.queries, size)):
-            for label, drafter in self.sides if n % 2 == 0 else self.sides[::-1]:
-                self._run_side_batched(label, drafter, chunk)
-            self._release_held()
+            for b in self.batch_sizes if n % 2 == 0 else self.batch_sizes[::-1]:
+                self._at(b)
+                for label, drafter in self.sides if n % 2 == 0 else self.sides[::-1]:
+                    self._run_side_batched(label, drafter, chunk, b)
+                self._release_held()
             progress.advance(task, len(chunk))
 
     def run(self) -> list[GenerationRecord]:
@@ -435,17 +467,19 @@ class Runner:
                 names = ", ".join(label for label, _ in self.sides if label != BASELINE)
                 share = f" (rank 0 of {self.world.size})" if self.world.active else ""
                 task = progress.add_task(f"{names} on {self.bench}{share}", total=len(self.queries))
-                if self.cfg.batch_size > 1:
+                if self.cfg.loop == "batched":
                     self._run_chunks(progress, task)
                 else:
                     self._run_queries(progress, task)
-            self.store.finish()
+            for store in self.stores.values():
+                store.finish()
         finally:  # on a stop, the CLI's last line says what the store kept (interrupt.kept)
-            self.store.close()
+            for store in self.stores.values():
+                store.close()
         if self.world.active:
             distributed.barrier()  # every part is complete
             return self._merge_parts() if self.world.main else []
-        return list(self.store.done.values())
+        return [record for store in self.stores.values() for record in store.done.values()]
 
 
 def _chunks(queries: list[Query], size: int) -> list[list[Query]]:
@@ -463,18 +497,19 @@ def _naming_prompt(records, prompt_id: str):
 def summary_table(records: list[GenerationRecord], temperature: float) -> Table:
     """τ, tokens/s, speedups, T_D% and greedy match per bench and method."""
     table = Table(title="specbench summary", show_lines=False)
-    for col in ("bench", "method", "turns", "τ", "tok/s", "speedup", "decode-only", "T_D%", "greedy match",
-                "same/near-tie/unexpl."):
+    sizes = sorted({r.batch["size"] if r.batch else 1 for r in records})
+    swept = len(sizes) > 1  # a batch sweep: one row per method and B, each against vanilla at its B
+    for col in ("bench", *("B",) * swept, "method", "turns", "τ", "tok/s", "speedup", "decode-only", "T_D%",
+                "greedy match", "same/near-tie/unexpl."):
         table.add_column(col, justify="left" if col in ("bench", "method") else "right")
-    benches = sorted({r.bench for r in records})
-    for bench in benches:
-        rows = [r for r in records if r.bench == bench]
+    for bench, size in [(b, s) for b in sorted({r.bench for r in records}) for s in sizes]:
+        rows = [r for r in records if r.bench == bench and (r.batch["size"] if r.batch else 1) == size]
         base = [r for r in rows if r.method == BASELINE]
         for method in sorted({r.method for r in rows}, key=lambda m: (m != BASELINE, m)):
             ours = [r for r in rows if r.method == method]
             has_base = bool(base) and method != BASELINE
             table.add_row(
-                bench, method, str(len(ours)), f"{metrics.tau(ours):.2f}", f"{metrics.tokens_per_second(ours):.1f}",
+                bench, *(str(size),) * swept, method, str(len(ours)), f"{metrics.tau(ours):.2f}", f"{metrics.tokens_per_second(ours):.1f}",
                 f"{metrics.speedup(ours, base):.2f}×" if has_base else "—",
                 f"{metrics.speedup(ours, base, decode_only=True):.2f}×" if has_base else "—",
                 f"{100 * metrics.draft_share(ours):.0f}%",

@@ -20,11 +20,11 @@ def check_options(values: dict, then: Callable[[], None] | None = None) -> None:
     if values.get("dtype", "auto") != "auto":
         resolve_dtype(values["dtype"])
     if values.get("data_dir"):
-        from specbench.run.benchmarks import check_data_dir_option
+        from specbench.data.benchmarks import check_data_dir_option
 
         check_data_dir_option(values["data_dir"])
     if "prompts" in values:
-        from specbench.run.benchmarks import load_benchmark
+        from specbench.data.benchmarks import load_benchmark
 
         load_benchmark(str(prompt_file(values["prompts"], values.get("data_dir"))), limit=values.get("limit"))
     out = values.get("out")
@@ -55,7 +55,7 @@ def check_writable_folder(out: Path) -> None:
 
 
 def prompt_file(prompts: Optional[str], data_dir: Optional[str]) -> Path:
-    from specbench.run.benchmarks import data_dir as resolve_dir
+    from specbench.data.benchmarks import data_dir as resolve_dir
     from specbench.training.data import DEFAULT_PROMPTS
 
     if prompts:

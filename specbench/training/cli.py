@@ -108,13 +108,13 @@ def _data(**flags) -> None:
     check_options(vars(o))
     target, prompts, data_dir, export = o.target, o.prompts, o.data_dir, o.export
     max_new_tokens, temperature, max_prompt_tokens = o.max_new_tokens, o.temperature, o.max_prompt_tokens
-    from specbench.run import distributed
+    from specbench.data import distributed
     from specbench.training.checkpoint import vocab_fingerprint
     from specbench.training.data import _prompt_digest, export_responses
     from specbench.training.fit import load_data, load_target
 
     if export is not None:  # refused before the target loads: the prompts, a device, a FIFO, a symlink
-        from specbench.run.safe_files import check_output
+        from specbench.data.safe_files import check_output
 
         check_output(Path(export), [("--prompts", prompts), ("--prompts", prompt_file(prompts, data_dir)),
                                     ("--target", target)], what="--export")

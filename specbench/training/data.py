@@ -13,10 +13,10 @@ from typing import Iterable
 import torch
 from rich.progress import Progress
 
-from specbench.run import distributed
-from specbench.run.benchmarks import Prompt
+from specbench.data import distributed
+from specbench.data.benchmarks import Prompt
 from specbench.errors import SpecbenchError
-from specbench.run.merge import find_parts, part_path
+from specbench.data.part_files import find_parts, part_path
 from specbench.engine.prompts import render_chat
 from specbench.engine.packaged import cache_dir
 from specbench.engine.target import Target
@@ -158,7 +158,7 @@ def export_responses(cache_file: str | Path, out: str | Path, **provenance) -> P
 
     examples = read_examples(cache_file)
     header = {"responses_of": Path(cache_file).name, "examples": len(examples), **provenance}
-    from specbench.run.safe_files import atomic_path
+    from specbench.data.safe_files import atomic_path
 
     out = Path(out)
     with atomic_path(out, "--export") as tmp:  # whole or not at all; never over the prompts it answers

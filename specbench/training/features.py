@@ -12,7 +12,7 @@ from typing import Iterator, Sequence
 import torch
 from safetensors.torch import load_file, save_file
 
-from specbench.run.distributed import World, rows_of
+from specbench.data.distributed import World, rows_of
 from specbench.engine.target import Target
 from specbench.training.batch import TrainBatch
 

@@ -11,7 +11,7 @@ from typing import Callable, Iterator, Optional
 import torch
 import typer
 
-from specbench.run.results import hardware
+from specbench.data.results import hardware
 from specbench.training.checks import prompt_file
 from specbench.training.learning_curve import curve_points, read_log, write_learning_curve
 from specbench.training.model_card import write_model_card
@@ -22,7 +22,7 @@ def load_target(target: str, dtype: str, device: str = "auto"):
     """The target on this process's device (``auto``: CUDA when there, else the CPU; a bad device is
     one line before anything loads); under torchrun ``cuda:LOCAL_RANK`` for CUDA (joining the
     process group first; rank 0 fills any model cache first)."""
-    from specbench.run import distributed
+    from specbench.data import distributed
     from specbench.engine.devices import resolve_device
     from specbench.engine.target import Target
 
@@ -35,7 +35,7 @@ def load_target(target: str, dtype: str, device: str = "auto"):
 def load_data(target, prompts: Optional[str], data_dir: Optional[str], limit: Optional[int], max_new_tokens: int,
               batch_size: int, temperature: float, max_prompt_tokens: int = 512):
     """(cache file, examples): the target's answers to the prompts, regenerated where missing."""
-    from specbench.run.benchmarks import load_benchmark
+    from specbench.data.benchmarks import load_benchmark
     from specbench.training.data import (dataset_path, import_responses, read_examples, regenerate,
                                          shipped_responses_for)
 
@@ -44,7 +44,7 @@ def load_data(target, prompts: Optional[str], data_dir: Optional[str], limit: Op
     items = load_benchmark(str(file), limit=limit)
     shipped = shipped_responses_for(target, file, max_new_tokens, temperature)
     if shipped is not None:  # answers already generated for these prompts: only the prompts are rendered
-        from specbench.run import distributed
+        from specbench.data import distributed
 
         with distributed.main_first():  # rank 0 writes the cache; the others then find every id done
             import_responses(target, items, shipped, out)
@@ -75,7 +75,7 @@ def recipe_for(options, max_length: int | None = None, **extra) -> Recipe:
 
 def note_processes(recipe: Recipe) -> None:
     """Record a data-parallel run's process count with the recipe (the global batch is unchanged)."""
-    from specbench.run import distributed
+    from specbench.data import distributed
 
     if distributed.current().active:
         recipe.extra["processes"] = distributed.current().size

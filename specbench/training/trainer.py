@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Iterator
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from specbench.run import distributed
+from specbench.data import distributed
 from specbench.engine import interrupt
 from specbench.errors import SpecbenchError
 from specbench.training.batch import TrainBatch

@@ -11,6 +11,7 @@ import pandas as pd
 
 from specbench.analysis.orderings import ordering_frame, orderings_table
 from specbench.records import GenerationRecord
+from specbench.analysis.report.batch import batch_detail_table, batch_frame, batch_table, split_batched
 from specbench.analysis.report.drafters import drafters_table
 from specbench.analysis.report.figures import write_figures
 from specbench.analysis.report.method_tables import registered_tables
@@ -48,6 +49,8 @@ class Report:
     aa: Table | None = None  # the A/A control rows (a second vanilla side per file)
     divergence: Table | None = None  # T = 0: identical / near-tie / unexplained per method
     cost: Table | None = None  # the forward-cost curve of this hardware, when measured (bench/forward_cost.py)
+    batch: Table | None = None  # batched files: speedup over vanilla at the same B against B, crossover B
+    batch_detail: Table | None = None  # batched files: throughput, latency, τ, T_D%, ideal per method and B
     hardware: str = ""  # the one machine whose files this report's tables hold
     others: list["Report"] = field(default_factory=list)  # the other machines' reports (split_by_machine)
 
@@ -65,7 +68,12 @@ class Report:
     def own_tables(self) -> list[Table]:
         return [t for t in (self.main, self.streams, self.aa, self.divergence, self.companion, self.ablation,
                             *self.method_tables, self.papers, self.paper_metric, self.orderings, self.drafters,
-                            self.cost) if t is not None]
+                            self.cost, self.batch, self.batch_detail) if t is not None]
+
+    @property
+    def batch_frame(self) -> pd.DataFrame:
+        """The batched files' numbers per (block, bench, method, B) (what the speedup-vs-B figure draws)."""
+        return self.batch.data if self.batch is not None else pd.DataFrame()
 
     def table(self, name: str) -> Table | None:
         """A table by its file stem (e.g. a method's own table), or None."""
@@ -104,7 +112,9 @@ def name_apart(reports: Sequence[Report]) -> None:
 def machine_report(every: Sequence[ResultFile], hardware: str = "",
                    paper_numbers: str | Path | Sequence[Path] | None = DEFAULT_PAPER_NUMBERS,
                    reps: int = BOOTSTRAP_REPS, seed: int = BOOTSTRAP_SEED) -> Report:
-    """Every table of one machine's files."""
+    """Every table of one machine's files; the files decoded through the batched loop have tables of their own
+    (batch.py) and stay out of the others, whose times are a request's alone."""
+    every, batched = split_batched(every)
     files = without_aa(every)  # the A/A sides are a control (aa_table), not a method
     blocks = block_records(files)
     sides = block_sides(files)
@@ -128,10 +138,13 @@ def machine_report(every: Sequence[ResultFile], hardware: str = "",
                                 significant_cells(files, bold_reps, seed, streams=True), loaded,
                                 mean_frame(stream_blocks, reps, seed), aa=has_aa, dirty=dirty)
     orderings = orderings_table(ordering_frame(files, seed=seed), prov) if reps else None
+    batch = batch_frame(without_aa(batched), block_curves(batched), reps, seed)
+    batch_prov = provenance_lines(batched) if batched else []
     return Report(files, blocks, cells, methods, main, companion_table(cells, prov), ablation_table(cells, sides, prov),
                   papers, registered_tables(blocks, prov), paper_metric_table(files), orderings, sides,
                   drafters_table(files, prov), streams, aa_table(every, prov, reps, seed) if reps else None,
-                  divergence_table(files, prov), cost_table(files, prov), hardware)
+                  divergence_table(files, prov), cost_table(files, prov), batch_table(batch, batch_prov),
+                  batch_detail_table(batch, batch_prov), hardware)
 
 
 def write_report(results_glob_or_paths: PathSpec = "results/*.jsonl", out_dir: str | Path = "reports",
@@ -168,10 +181,11 @@ def rich_main_table(source: "Report | PathSpec"):
 
 
 def rich_tables(source: "Report | PathSpec") -> list:
-    """The main table, then the mixed streams' table when any stream ran, as rich.table.Tables (a main table
-    without rows, when only streams ran, is left out); one machine after the other."""
+    """The main table, then the mixed streams' table when any stream ran, then the batch table when any file
+    was decoded through the batched loop, as rich.table.Tables (a main table without rows, when only streams or
+    batches ran, is left out); one machine after the other."""
     report = source if isinstance(source, Report) else build_report(source, reps=0)
-    shown = [t for r in (report, *report.others) for t in (r.main, r.streams) if t is not None and t.sections]
+    shown = [t for r in (report, *report.others) for t in (r.main, r.streams, r.batch) if t is not None and t.sections]
     return [_rich(t) for t in shown or [report.main]]
 
 

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import pandas as pd
 
-from specbench.run import drafter_paths
+from specbench.data import drafter_paths
 from specbench.analysis.report.records import ResultFile
 from specbench.analysis.report.table import DASH, Cell, Table, fmt_tau
 from specbench.training.learning_curve import curve_metric, plateau, read_curve

@@ -1,10 +1,11 @@
 """Report figures: records -> plain series (pure) -> matplotlib Figure -> PNG + PDF.
 
 One figure of each kind per (target, temperature) block: α_k per chain depth, the accepted-length
-histogram, per-stage time shares, speedup vs T_D%, and τ/speedup vs node budget when a block holds a
-node-budget sweep. Figures are built on ``matplotlib.figure.Figure`` (Agg canvas for PNG), never
-pyplot, so no global backend or state is touched; metadata that carries dates or versions is dropped so
-that the same records give the same bytes.
+histogram, per-stage time shares, speedup vs T_D%, τ/speedup vs node budget when a block holds a
+node-budget sweep, and speedup vs batch size B when it has files decoded through the batched loop.
+Figures are built on ``matplotlib.figure.Figure`` (Agg canvas for PNG), never pyplot, so no global
+backend or state is touched; metadata that carries dates or versions is dropped so that the same records
+give the same bytes.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from matplotlib.ticker import MaxNLocator
 
 from specbench import metrics
 from specbench.records import DECODE_PHASES, GenerationRecord
-from specbench.analysis.report.names import VANILLA, Block, MethodInfo, bench_label, block_label, sweep_points
+from specbench.analysis.report.names import (VANILLA, Block, MethodInfo, bench_key, bench_label, block_label,
+                                             sweep_points)
 from specbench.analysis.report.stats import mean_over_benches
 
 # Stage colours: the engine's stages fixed; a drafter's own sub-phases of draft take the next free
@@ -200,6 +202,38 @@ def tradeoff_figure(points: pd.DataFrame, title: str) -> Figure:
     return fig
 
 
+def batch_speedup_figure(frame: pd.DataFrame, title: str) -> Figure:
+    """Speedup over vanilla at the same B against B (log2 axis), one line per method with its 95% interval as
+    error bars, one panel per bench; the line at 1.00× is where speculation stops paying."""
+    benches = sorted(frame.bench.unique(), key=bench_key)
+    fig, axes = _figure(title, ncols=len(benches), width=max(6.4, 4.2 * len(benches)))
+    sizes = sorted(frame.batch_size.unique())
+    for ax, bench in zip(axes, benches):
+        part = frame[(frame.bench == bench) & frame.speedup.notna()]
+        for method, mine in part.groupby("method", sort=True):
+            mine = mine.sort_values("batch_size")
+            low = (mine.speedup - mine.speedup_lo).clip(lower=0).fillna(0)
+            high = (mine.speedup_hi - mine.speedup).clip(lower=0).fillna(0)
+            ax.errorbar(mine.batch_size, mine.speedup, yerr=[low, high], marker="o", capsize=3, label=method)
+        ax.axhline(1.0, color="#777", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes, labels=[str(b) for b in sizes])
+        ax.minorticks_off()
+        ax.set(xlabel="batch size B", ylabel="speedup over vanilla at the same B", title=bench_label(bench))
+    _method_legend(fig, axes[0])
+    return fig
+
+
+def batch_figures(report) -> dict[str, Figure]:
+    """The speedup-vs-B figure of each block with batched records, keyed by its file stem."""
+    frame = report.batch_frame
+    figs = {}
+    for (target, temperature), part in ([] if frame.empty else frame.groupby(["target", "temperature"])):
+        block = (target, float(temperature))
+        figs[f"batch_speedup_{slug(block)}"] = batch_speedup_figure(part, f"Speedup under load — {block_label(block)}")
+    return figs
+
+
 def block_figures(report, block: Block) -> dict[str, Figure]:
     """Every figure that has data for one block of a ``build.Report``, keyed by its file stem prefix."""
     records = report.blocks[block]
@@ -240,4 +274,6 @@ def write_figures(report, out_dir: Path, suffix: str = "") -> list[Path]:
         for block in sorted(report.blocks):
             for kind, fig in block_figures(report, block).items():
                 written += save_figure(fig, out_dir / f"{kind}_{slug(block)}{suffix}")
+        for stem, fig in batch_figures(report).items():
+            written += save_figure(fig, out_dir / f"{stem}{suffix}")
     return sorted(written)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from specbench.engine import VANILLA  # noqa: F401 (the baseline's one name, re-exported for the report)
-from specbench.run.streams import stream_parts
+from specbench.data.streams import stream_parts
 from specbench.sides import header_sides
 
 Block = tuple[str, float]  # (target, temperature): one group of rows in every table (records.apart_dtypes)
@@ -85,8 +85,9 @@ class MethodInfo:
     """What one side of a run is: ``method`` its registered name, ``label`` the method's display name,
     ``family`` its method family, ``ablation_of`` the registered method it ablates (None if none),
     ``budget_option`` the method's node-budget option; of the side itself, ``stem`` its label's stem,
-    ``shown`` the options its label shows after the stem, and ``budget`` its node budget when the side is a
-    point of a budget sweep (its label shows exactly its method's budget option)."""
+    ``shown`` the options its label shows after the stem, ``budget`` its node budget when the side is a
+    point of a budget sweep (its label shows exactly its method's budget option), ``given`` the options the
+    run set (as declared) and ``ran`` every option its drafter ran with (``method_options``), values as text."""
 
     method: str
     label: str
@@ -96,6 +97,17 @@ class MethodInfo:
     stem: str = ""
     shown: tuple[tuple[str, str], ...] = ()
     budget: int | None = None
+    given: tuple[tuple[str, str], ...] = ()
+    ran: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def given_budget(self) -> int | None:
+        """The node budget the run set for the side (its method's budget option, given); None if it set none."""
+        return _whole(dict(self.given).get(self.budget_option)) if self.budget_option else None
+
+    def option(self, key: str) -> str | None:
+        """The value the side ran with for option ``key`` (as given when the header has no ``method_options``)."""
+        return dict(self.ran).get(key, dict(self.given).get(key))
 
 
 _REGISTERED: dict[str, MethodInfo] = {}
@@ -144,6 +156,26 @@ def _whole(value) -> int | None:
     return int(number) if number.is_integer() else None
 
 
+def _texts(options: Mapping) -> tuple[tuple[str, str], ...]:
+    return tuple((str(k), str(v).lower() if isinstance(v, bool) else str(v)) for k, v in options.items())
+
+
+_DEFAULTS: dict[str, dict[str, str]] = {}
+
+
+def option_defaults(method: str) -> dict[str, str]:
+    """A registered method's option defaults as text (those with a plain default); empty if not registered."""
+    from specbench.engine.registry import method_class
+
+    if method not in _DEFAULTS:
+        try:
+            fields = dataclasses.fields(method_class(method).Options) if registered_info(method) else ()
+        except (ImportError, TypeError, AttributeError):
+            fields = ()
+        _DEFAULTS[method] = dict(_texts({f.name: f.default for f in fields if f.default is not dataclasses.MISSING}))
+    return _DEFAULTS[method]
+
+
 def side_infos(meta: Mapping, labels: Iterable[str]) -> dict[str, MethodInfo]:
     """MethodInfo of every side label in ``labels``, read from the header: the side as the run declared it
     (``specbench.sides.header_sides``), its method's names (``methods``, else the registry), and the options
@@ -158,11 +190,12 @@ def side_infos(meta: Mapping, labels: Iterable[str]) -> dict[str, MethodInfo]:
         method = side.method if side else str(entry.get("method") or label) if isinstance(entry, Mapping) else label
         info = _method_info(meta, label, method)
         shown = tuple((key, str(side.options[key])) for key in side.shown) if side else ()
+        options = ran.get(label) if isinstance(ran.get(label), Mapping) else {}
         budget = None
         if side and info.budget_option and side.shown == (info.budget_option,):
-            options = ran.get(label) if isinstance(ran.get(label), Mapping) else {}
             budget = _whole(options.get(info.budget_option, side.options.get(info.budget_option)))
-        out[label] = dataclasses.replace(info, stem=side.stem if side else label, shown=shown, budget=budget)
+        out[label] = dataclasses.replace(info, stem=side.stem if side else label, shown=shown, budget=budget,
+                                         given=_texts(side.options if side else {}), ran=_texts(options))
     return out
 
 

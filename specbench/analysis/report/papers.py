@@ -22,7 +22,7 @@ from specbench.analysis.report.names import (MEAN, VANILLA, Block, MethodInfo, s
 from specbench.analysis.report.records import ResultFile
 from specbench.analysis.report.table import DASH, Cell, Table, fmt_pct, fmt_spd, fmt_tau
 from specbench.analysis.report.tables import provenance_lines
-from specbench.run.plugin_files import declared_paths
+from specbench.data.plugin_files import declared_paths
 
 PAPER_NUMBERS_GROUP = "specbench.paper_numbers"  # entry points naming CSV files of the papers' printed numbers
 DEFAULT_PAPER_NUMBERS = "declared"  # build_report's default: every CSV a method package declares in that group
@@ -60,20 +60,21 @@ def load_paper_numbers(path: str | Path | Sequence[str | Path] = DEFAULT_PAPER_N
 
 def attention_variants(files: Sequence[ResultFile]) -> dict[str, tuple[str, str]]:
     """Side label -> (its base label, attention implementation) for sides a paper preset ran again under
-    another attention implementation (``dflash-fa2`` beside ``dflash``, run.preset.ATTN_TAGS), so the report
-    can take the faster of the two as the method's row, as papers that run both report the faster."""
-    from specbench.run.preset import ATTN_TAGS  # lazily: only runs made with another attention need it
+    another attention implementation (``dflash-fa2`` beside ``dflash``), so the report can take the faster of
+    the two as the method's row, as papers that run both report the faster. The base is the SDPA side of the
+    same preset and setting with the same method and options (from the headers, not the labels)."""
+    def key(f: ResultFile, info) -> tuple:
+        return f.meta.get("preset"), f.block, info.method, info.given
 
-    out: dict[str, tuple[str, str]] = {}
-    for f in files:
-        attn = str(f.meta.get("attn_implementation") or "sdpa")
-        suffix = f"-{ATTN_TAGS.get(attn, attn)}"
-        if attn == "sdpa":
-            continue
-        for label in {r.method for r in f.records}:
-            if label != VANILLA and label.endswith(suffix) and len(label) > len(suffix):
-                out[label] = (label[: -len(suffix)], attn)
-    return out
+    def attention(f: ResultFile) -> str:
+        return str(f.meta.get("attn_implementation") or "sdpa")
+
+    def sides(f: ResultFile):
+        return [(label, info) for label, info in f.sides().items() if info.method != VANILLA]
+
+    base = {key(f, info): label for f in files if attention(f) == "sdpa" for label, info in sides(f)}
+    return {label: (base[key(f, info)], attention(f)) for f in files if attention(f) != "sdpa"
+            for label, info in sides(f) if base.get(key(f, info), label) != label}
 
 
 def faster_attention(cells: pd.DataFrame, variants: dict[str, tuple[str, str]]) -> tuple[pd.DataFrame, list[str]]:
@@ -175,7 +176,7 @@ def paper_metric_cells(files: Sequence[ResultFile]) -> pd.DataFrame:
     """For runs made by a paper preset (header ``preset``): each method's speedup and τ computed the way
     that paper computes them, beside our headline (end-to-end pooled speedup, pooled τ). Vanilla runs
     are told apart by the header's attention implementation (DDTree takes the faster one)."""
-    from specbench.run.preset import load_preset  # presets load lazily: only runs made by one need them
+    from specbench.data.preset_files import load_preset  # presets load lazily: only runs made by one need them
 
     groups: dict[tuple, dict[str, list]] = {}
     for f in files:

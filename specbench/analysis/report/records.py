@@ -80,7 +80,7 @@ def read_result_file(path: str | Path) -> ResultFile:
     """Header line -> meta; record lines -> GenerationRecords, every line checked against its schema
     (specbench.schemas): a null or wrong-typed field, a second header or a record held twice is one
     line naming the file and line. A torn last line (an interrupted run) is left out."""
-    from specbench.run.results import read_results
+    from specbench.data.results import read_results
 
     path = Path(path)
     content = read_results(path, fix="fix or remove that line, or leave the file out", lenient=True)

@@ -12,7 +12,7 @@ import pandas as pd
 
 from specbench import metrics
 from specbench.analysis.cost_model import CostCurve, ideal_with_source
-from specbench.run.machine_load import flagged_keys
+from specbench.data.machine_load import flagged_keys
 from specbench.analysis.orderings import units
 from specbench.analysis.paired import percentile_interval, resampled_sums, significant_best
 from specbench.records import GenerationRecord

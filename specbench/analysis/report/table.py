@@ -11,7 +11,7 @@ from typing import Callable, NamedTuple, Sequence
 
 import pandas as pd
 
-from specbench.run.machine_load import MARK
+from specbench.data.machine_load import MARK
 from specbench.analysis.report.names import bench_label, block_label  # noqa: F401 (part of this module's interface)
 
 DASH = "—"

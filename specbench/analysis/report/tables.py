@@ -8,7 +8,7 @@ from typing import Mapping, Sequence
 
 import pandas as pd
 
-from specbench.run.machine_load import MARK, TURN_LOAD
+from specbench.data.machine_load import MARK, TURN_LOAD
 from specbench.analysis.report.names import (MEAN, VANILLA, Block, MethodInfo, bench_key, bench_label, block_label,
                                              mean_benches)
 from specbench.analysis.report.records import ResultFile, files_by_block

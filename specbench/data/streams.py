@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from specbench.run.benchmarks import Prompt, load_benchmark
+from specbench.data.benchmarks import Prompt, load_benchmark
 from specbench.errors import SpecbenchError
 
 MIXED = "mixed"

@@ -27,7 +27,7 @@ from specbench.errors import SpecbenchError, unknown_name_error
 
 # The cards ship inside the package (package data, so an installed wheel has them); the folder is no
 # package of its own and is not named `datasets`, which would shadow the Hugging Face library.
-CARDS_DIR: Path = Path(str(importlib.resources.files("specbench.run") / "benches"))
+CARDS_DIR: Path = Path(str(importlib.resources.files("specbench.data") / "benches"))
 
 DATA_ENV = "SPECBENCH_DATA"
 HUB_DIR_ENV = "SPECBENCH_HUB_DIR"
