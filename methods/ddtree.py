@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from methods.dflash import DFlashDrafter
+from methods.dflash.drafter import DFlashDrafter
 from specbench.engine.drafter import DecodeState
 from specbench.options import option
 from specbench.engine.tree import DraftTree, SiblingKind

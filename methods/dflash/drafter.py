@@ -468,7 +468,7 @@ class DFlashDrafter(Drafter):
     Options = DFlashOptions
     label = "DFlash"
     weight_options = ("path",)
-    trainer = "methods.dflash_train:DFlashTrainer"
+    trainer = "methods.dflash.trainer:DFlashTrainer"
 
     def __init__(self, options=None, model: DFlashModel | None = None) -> None:
         super().__init__(options)

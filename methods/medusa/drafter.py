@@ -361,7 +361,7 @@ class MedusaDrafter(Drafter):
     Options = MedusaOptions
     weight_options = ("path",)
     budget_option = "max_nodes"
-    trainer = "methods.medusa_train:MedusaTrainer"
+    trainer = "methods.medusa.trainer:MedusaTrainer"
     taps = (-1,)  # the final-norm output that lm_head reads
 
     def __init__(self, options: MedusaOptions | None = None, heads: MedusaHeads | None = None) -> None:

@@ -14,7 +14,7 @@ responses, draft a long window from every step's prefix, label drafts 1 up to th
 0 after, pack all steps of one response into one sequence whose mask lets draft m of step i see the
 prefix before step i and drafts 1..m of its own step (Fig. 5), binary cross-entropy. The packing and
 the loss are here (they share the row convention with inference); `specbench train pacer` is
-``pacer_train.py``.
+``trainer.py``.
 
 Row convention shared by training and inference: the M_B row of the token at position p is M_D's
 final hidden state at position p − 1 (the state whose logits produced that token), at RoPE position
@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from methods.checkpoints import shipped_drafter
-from methods.sps import SpSDrafter
+from methods.sps.drafter import SpSDrafter
 from specbench.engine import kvcache
 from specbench.engine.drafter import DecodeState
 from specbench.errors import SpecbenchError
@@ -334,7 +334,7 @@ class PacerDrafter(SpSDrafter):
     Options = PacerOptions
     shipped = "pacer"  # folder under drafters/<target>/
     weight_options = ("draft", "pacer")
-    trainer = "methods.pacer_train:PacerTrainer"  # `specbench train pacer` (no-pos: --no-position-embedding)
+    trainer = "methods.pacer.trainer:PacerTrainer"  # `specbench train pacer` (no-pos: --no-position-embedding)
 
     def __init__(self, options: PacerOptions | None = None, model=None, tokenizer=None, preverifier=None) -> None:
         super().__init__(options, model, tokenizer)

@@ -355,7 +355,7 @@ class Eagle3Drafter(Drafter):
     Options = Eagle3Options
     weight_options = ("path",)
     budget_option, budget_counts_root = "total_tokens", True  # verify rows, the root included
-    trainer = "methods.eagle3_train:Eagle3Trainer"
+    trainer = "methods.eagle3.trainer:Eagle3Trainer"
 
     def __init__(self, options: Eagle3Options | None = None, model: Eagle3Model | None = None) -> None:
         super().__init__(options)

@@ -37,7 +37,7 @@ from specbench.training.checkpoint import read_drafter_config
 from specbench.engine.tree import DraftTree, SiblingKind
 from specbench.engine.verify import draw, logits_to_probs
 from methods.checkpoints import shipped_drafter
-from methods.sps_student import is_student, load_student
+from methods.sps.student import is_student, load_student
 
 # Draft models shipped with the project, per embedded target name.
 
@@ -100,7 +100,7 @@ class SpSDrafter(Drafter):
     label = "SpS"
     Options = SpSOptions
     weight_options = ("draft",)
-    trainer = "methods.sps_student:StudentTrainer"  # `specbench train sps-student`: a distilled draft model
+    trainer = "methods.sps.student:StudentTrainer"  # `specbench train sps-student`: a distilled draft model
 
     @classmethod
     def builtin_reference(cls, spec: str) -> bool:

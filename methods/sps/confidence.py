@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from methods.sps import SpSDrafter
+from methods.sps.drafter import SpSDrafter
 from specbench.engine.drafter import DecodeState, VerifyResult
 from specbench.errors import SpecbenchError
 from specbench.options import option
