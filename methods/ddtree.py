@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from methods.dflash.drafter import DFlashDrafter
+from methods.weights_options import drafter_weights
 from specbench.engine.drafter import DecodeState
 from specbench.options import option
 from specbench.engine.tree import DraftTree, SiblingKind
@@ -83,10 +84,7 @@ def ddtree_from_log_probs(log_q: torch.Tensor, budget: int, to_target_ids=None) 
 
 
 @dataclass
-class DDTreeOptions:
-    path: str = option("", "DFlash drafter folder or hub id org/name[@rev] (ours or the published layout); "
-                           "empty = drafters/<target>/dflash.")
-    revision: str = option("", "Hub revision of path; empty = main.")
+class DDTreeOptions(drafter_weights("DFlash drafter folder", "ours or the published layout", "dflash")):
     # Paper: {16..1024}, best 256-512 on an H200; a CPU's verify cost grows past ~32 rows, so 32 here.
     budget: int = option(32, "Node budget B: drafted nodes per verify call, root excluded.", ge=1, tokens=True)
 

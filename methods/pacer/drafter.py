@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from methods.checkpoints import shipped_drafter
 from methods.sps.drafter import SpSDrafter
+from methods.weights_options import draft_model_weights
 from specbench.engine import kvcache
 from specbench.engine.drafter import DecodeState
 from specbench.errors import SpecbenchError
@@ -316,10 +317,8 @@ def keep_drafting(alphas: list[float], threshold: float) -> bool:
 
 
 @dataclass
-class PacerOptions:
-    draft: str = option("", "The SpS draft model (empty = the shipped one for the target).")
+class PacerOptions(draft_model_weights("The SpS draft model (empty = the shipped one for the target).")):
     pacer: str = option("", "Pre-verification layer folder or hub id org/name[@rev] (empty = drafters/<target>/pacer).")
-    revision: str = option("", "Hub revision of draft; empty = main.")
     block: int = option(4, "b: drafts per pre-verification.", ge=1, tokens=True)
     threshold: float = option(0.7, "t_0: stop when a block's mean predicted acceptance <= t.", ge=0, le=1)
     rho: float = option(1.05, "Growth of t per passed block (1.0 = no growth).", ge=1)

@@ -42,6 +42,7 @@ from methods.checkpoints import shipped_drafter
 from methods.specblock.checkpoint import load_specblock
 from methods.specblock.model import NUM_BUCKETS, KV, SpecBlockModel, draft_row_offset, rank_to_bucket
 from methods.specblock.objective import block1_mask
+from methods.weights_options import drafter_weights
 from specbench.engine.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
 from specbench.options import option
@@ -50,10 +51,7 @@ from specbench.engine.tree import DraftTree, SiblingKind
 
 
 @dataclass
-class SpecBlockOptions:
-    path: str = option("", "Drafter folder or hub id org/name[@rev] (ours or the published layout); "
-                           "empty = drafters/<target>/<variant>.")
-    revision: str = option("", "Hub revision of path; empty = main.")
+class SpecBlockOptions(drafter_weights("Drafter folder", "ours or the published layout", "<variant>")):
     budget: int = option(60, "Draft nodes verified per call (paper <= 60; reference 90).", ge=1, tokens=True)
     blocks: int = option(2, "M: drafter forwards per call.", ge=1)
     beam_width: int = option(10, "Block-1 slot-0 width (slot0=beam), and the most starts per later block.", ge=1)
