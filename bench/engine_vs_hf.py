@@ -17,7 +17,7 @@ import warnings
 
 import torch
 
-from methods.sps import SpSDrafter, SpSOptions
+from methods.sps.drafter import SpSDrafter, SpSOptions
 from specbench.engine import DEFAULT_TARGET
 from specbench.engine.vanilla import VanillaDrafter
 from specbench import metrics

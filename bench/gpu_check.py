@@ -20,7 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from methods.specblock import SpecBlockDrafter  # noqa: E402
+from methods.specblock.drafter import SpecBlockDrafter  # noqa: E402
 from specbench.engine.registry import available_methods, method_class  # noqa: E402
 
 CPU_SIZED = {  # README: trees sized for a CPU

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from methods.pacer import acceptance_logits, collate, keep_drafting, load_preverifier
-from methods.pacer_train import PacerTrainOptions, replay_dataset
+from methods.pacer.drafter import acceptance_logits, collate, keep_drafting, load_preverifier
+from methods.pacer.trainer import PacerTrainOptions, replay_dataset
 from specbench.engine import DEFAULT_TARGET
 from specbench.training.fit import held_out_split, training_data
 

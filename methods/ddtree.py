@@ -9,7 +9,7 @@ acceptance length (Props. 1-3). They are found best-first over rank tuples with 
             phase turns it into depth positions and the ancestor-only mask, as for every method
     follow  the engine's walk: greedy at T = 0, rule A (sample from the target, match a child) at T > 0
 
-In a batch the DFlash forward drafts every request at once (methods/dflash.py) and each request's
+In a batch the DFlash forward drafts every request at once (methods/dflash/drafter.py) and each request's
 tree is built from its own marginals.
 
 Budget B counts drafted nodes (the root, the bonus token, is not one). The paper sweeps
@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-from methods.dflash import DFlashDrafter
+from methods.dflash.drafter import DFlashDrafter
+from methods.weights_options import drafter_weights
 from specbench.engine.drafter import DecodeState
 from specbench.options import option
 from specbench.engine.tree import DraftTree, SiblingKind
@@ -86,10 +87,7 @@ def ddtree_from_log_probs(log_q: torch.Tensor, budget: int, to_target_ids=None) 
 
 
 @dataclass
-class DDTreeOptions:
-    path: str = option("", "DFlash drafter folder or hub id org/name[@rev] (ours or the published layout); "
-                           "empty = drafters/<target>/dflash.")
-    revision: str = option("", "Hub revision of path; empty = main.")
+class DDTreeOptions(drafter_weights("DFlash drafter folder", "ours or the published layout", "dflash")):
     # Paper: {16..1024}, best 256-512 on an H200; a CPU's verify cost grows past ~32 rows, so 32 here.
     budget: int = option(32, "Node budget B: drafted nodes per verify call, root excluded.", ge=1, tokens=True)
 

@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import torch  # noqa: E402
 
-from methods.sps_student import build_student, distillation_loss  # noqa: E402
+from methods.sps.student import build_student, distillation_loss  # noqa: E402
 from specbench.data import distributed  # noqa: E402
 from specbench.training.features import iterate_batches  # noqa: E402
 from specbench.training.trainer import Recipe, Trainer  # noqa: E402

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from drafters import random_tree
-from methods.eagle3 import Eagle3Drafter, Eagle3Model, Eagle3Options
+from methods.eagle3.drafter import Eagle3Drafter, Eagle3Model, Eagle3Options
 from methods.pld import PLDDrafter, PLDOptions
-from methods.sps import SpSDrafter, SpSOptions
+from methods.sps.drafter import SpSDrafter, SpSOptions
 from specbench.engine.batch_cache import RaggedKV, commit_rows
 from specbench import metrics
 from specbench.engine import MAX_BATCH

@@ -32,7 +32,7 @@ def test_budget_below_one_is_refused():
 def test_cli_budget_reaches_the_drafter_and_the_header(models, tmp_path, capsys):
     import torch
 
-    from methods.medusa import MedusaHeads, save_medusa
+    from methods.medusa.drafter import MedusaHeads, save_medusa
     from specbench.engine.target import Target
 
     target = Target.load(models["target"], "float32")

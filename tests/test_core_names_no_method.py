@@ -12,7 +12,9 @@ import tokenize
 from pathlib import Path
 
 CORE = Path(__file__).resolve().parents[1] / "specbench"
-METHOD = re.compile(r"specblock|eagle|medusa|dflash|ddtree|pacer|dvi", re.IGNORECASE)
+# Short names count only where no letter is glued to them (``sps_note`` and ``pld`` count, ``hspsd`` does not).
+METHOD = re.compile(r"specblock|eagle|medusa|dflash|ddtree|pacer|dvi|(?<![a-z])(?:sps|pld|lookahead)(?![a-z])",
+                    re.IGNORECASE)
 TEXT_TOKENS = {tokenize.NAME, tokenize.STRING} | ({tokenize.FSTRING_MIDDLE} if hasattr(tokenize, "FSTRING_MIDDLE") else set())
 
 
@@ -48,11 +50,11 @@ def test_the_checker_tells_code_from_documentation():
               "import methods.dvi\n"
               "def f(x):  # a comment about Medusa is fine\n"
               '    """Docstring naming DDTree."""\n'
-              '    return x["specblock"] + eagle3_scale + f"{x}pacer"\n')
+              '    return x["specblock"] + eagle3_scale + f"{x}pacer" + sps_note(x, "pld")\n')
     found = method_mentions(source)
     assert {line for line, _ in found} == {2, 5}  # the import and the code line; no doc or comment line
     tokens = " ".join(token for _, token in found)
-    assert all(word in tokens for word in ("dvi", '"specblock"', "eagle3_scale", "pacer"))
+    assert all(word in tokens for word in ("dvi", '"specblock"', "eagle3_scale", "pacer", "sps_note", '"pld"'))
     assert methods_imports(source) == [2]
     assert methods_imports("from specbench import methods_x\nfrom .methods import y\n") == []
 

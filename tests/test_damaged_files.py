@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from methods.eagle3 import eagle3_taps
-from methods.specblock_checkpoint import VOCAB_MAPPING, load_specblock, save_specblock
-from methods.specblock_model import SpecBlockConfig, SpecBlockModel
+from methods.eagle3.drafter import eagle3_taps
+from methods.specblock.checkpoint import VOCAB_MAPPING, load_specblock, save_specblock
+from methods.specblock.model import SpecBlockConfig, SpecBlockModel
 from specbench.errors import SpecbenchError
 from specbench.engine.target import Target
 from test_cli import base_args, cli

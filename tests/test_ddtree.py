@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from methods.dflash import DFlashModel
+from methods.dflash.drafter import DFlashModel
 from methods.ddtree import DDTreeDrafter, DDTreeOptions, best_first_prefixes, compile_tree, ddtree_from_log_probs
 from specbench.engine.registry import create_drafter, method_class
 from specbench.engine.loop import GenerationConfig, generate

@@ -23,19 +23,19 @@ import pytest
 import torch
 
 from methods.ddtree import DDTreeDrafter
-from methods.dflash import DFlashDrafter, DFlashModel
+from methods.dflash.drafter import DFlashDrafter, DFlashModel
 from methods.dvi import DVIDrafter, DVIOptions
-from methods.eagle3 import Eagle3Drafter, Eagle3Model, Eagle3Options, eagle3_taps
+from methods.eagle3.drafter import Eagle3Drafter, Eagle3Model, Eagle3Options, eagle3_taps
 from methods.lookahead import LookaheadDrafter, LookaheadOptions
-from methods.medusa import MedusaDrafter, MedusaHeads, MedusaOptions
-from methods.pacer import PacerDrafter, PacerNoGrowthDrafter, PacerNoPosDrafter, PacerOptions, PreVerifier
+from methods.medusa.drafter import MedusaDrafter, MedusaHeads, MedusaOptions
+from methods.pacer.drafter import PacerDrafter, PacerNoGrowthDrafter, PacerNoPosDrafter, PacerOptions, PreVerifier
 from methods.pld import PLDDrafter, PLDOptions
-from methods.specblock import SpecBlockDrafter, SpecBlockOptions
-from methods.specblock_adapt import AdaptOptions, OSDOptions, SpecBlockAdaptDrafter, SpecBlockOSDDrafter
-from methods.specblock_model import SpecBlockConfig, SpecBlockModel
-from methods.specblock_train import LossSettings, SpecBlockLoss
-from methods.sps import SpSDrafter, SpSOptions
-from methods.sps_confidence import SpSConfidenceDrafter, SpSConfidenceOptions
+from methods.specblock.drafter import SpecBlockDrafter, SpecBlockOptions
+from methods.specblock.adapt import AdaptOptions, OSDOptions, SpecBlockAdaptDrafter, SpecBlockOSDDrafter
+from methods.specblock.model import SpecBlockConfig, SpecBlockModel
+from methods.specblock.objective import LossSettings, SpecBlockLoss
+from methods.sps.drafter import SpSDrafter, SpSOptions
+from methods.sps.confidence import SpSConfidenceDrafter, SpSConfidenceOptions
 from methods.suffix import SuffixDrafter, SuffixOptions, arctic_available
 from specbench.engine.vanilla import VanillaDrafter
 from specbench.engine import loop as engine, kvcache

@@ -2,7 +2,7 @@
 
 import pytest
 
-from methods.sps import SpSDrafter, SpSOptions
+from methods.sps.drafter import SpSDrafter, SpSOptions
 from specbench.engine.vanilla import VanillaDrafter
 from specbench.engine.loop import GenerationConfig, generate
 from specbench.engine.prompts import render_chat
@@ -36,7 +36,7 @@ def test_sps_on_default_target_is_lossless_in_fp32(target):
 
 
 def test_shipped_specblock_drafter_is_lossless_and_accepts(target):
-    from methods.specblock import SpecBlockDrafter, SpecBlockOptions
+    from methods.specblock.drafter import SpecBlockDrafter, SpecBlockOptions
 
     ids = render_chat(target.tokenizer, [{"role": "user", "content": "Explain what a binary search does."}])
     config = GenerationConfig(max_new_tokens=32)

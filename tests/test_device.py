@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from drafters import RandomTreeDrafter, RandomTreeOptions, random_tree
-from methods.sps import SpSDrafter, SpSOptions
+from methods.sps.drafter import SpSDrafter, SpSOptions
 from bench_data import needs_data
 from specbench.engine.vanilla import VanillaDrafter
 from specbench.engine import devices, kvcache, verify

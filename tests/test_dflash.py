@@ -1,4 +1,4 @@
-"""DFlash (methods/dflash.py) on tiny random targets: block-local training masks, training that
+"""DFlash (methods/dflash/drafter.py) on tiny random targets: block-local training masks, training that
 learns and matches inference, checkpoints (ours and the published layout), and greedy generation
 through the engine equal to the vanilla baseline."""
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from methods.dflash import (DFlashDrafter, DFlashModel, DFlashOptions, block_labels, choose_mask_token,
+from methods.dflash.drafter import (DFlashDrafter, DFlashModel, DFlashOptions, block_labels, choose_mask_token,
                             default_layer_ids, sample_anchors, training_mask)
 from specbench.engine.vanilla import VanillaDrafter
 from specbench.engine.drafter import DecodeState

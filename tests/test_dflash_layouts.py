@@ -1,4 +1,4 @@
-"""DFlash layouts beyond the first z-lab release (methods/dflash.py, methods/checkpoints.py): per-layer
+"""DFlash layouts beyond the first z-lab release (methods/dflash/drafter.py, methods/checkpoints.py): per-layer
 attention types (sliding layers run causal and windowed, never silently bidirectional), target_layer_ids at
 the config's top level, sharded weights, and DFlash-2 refused in one line. Tiny random configs and weights."""
 
@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 from methods.checkpoints import read_published_weights
-from methods.dflash import DFlashDrafter, DFlashModel, DFlashOptions
+from methods.dflash.drafter import DFlashDrafter, DFlashModel, DFlashOptions
 from specbench.engine.loop import GenerationConfig, generate
 from specbench.errors import SpecbenchError
 from test_dflash import BLOCK, LAYERS, MASK, PROMPTS, baseline, published_checkpoint, ready
@@ -277,7 +277,7 @@ def test_sharded_eagle3_checkpoint_loads_through_its_loader(tmp_path):
     """The same shard reader serves the other published-layout loaders (EAGLE-3 here, as its repository ships
     large drafters)."""
     import test_eagle3 as e3
-    from methods.eagle3 import Eagle3Drafter, Eagle3Options
+    from methods.eagle3.drafter import Eagle3Drafter, Eagle3Options
 
     target = tiny_target(0, layers=e3.LAYERS, init=e3.INIT)
     written = e3.official_checkpoint(tmp_path, target, "safetensors")

@@ -43,7 +43,7 @@ def test_two_ranks_step_together_and_match_one_process(tmp_path, monkeypatch):
 
 
 def test_torchrun_train_medusa_writes_one_drafter(models, tmp_path, monkeypatch, capsys):
-    from methods.medusa import MedusaDrafter, MedusaOptions
+    from methods.medusa.drafter import MedusaDrafter, MedusaOptions
     from specbench.engine.target import Target
 
     out, env_cache = tmp_path / "m", tmp_path / "cache"

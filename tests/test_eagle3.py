@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from methods.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Model, Eagle3Options, eagle3_taps, select_nodes
+from methods.eagle3.drafter import Eagle3Config, Eagle3Drafter, Eagle3Model, Eagle3Options, eagle3_taps, select_nodes
 from specbench.engine.vanilla import VanillaDrafter
 from specbench.engine.drafter import DecodeState
 from specbench.engine.registry import create_drafter, method_class

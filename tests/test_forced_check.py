@@ -14,15 +14,15 @@ import torch
 from drafters import RandomTreeDrafter, RandomTreeOptions
 from injected_bugs import BUGS
 from methods.ddtree import DDTreeDrafter, DDTreeOptions
-from methods.dflash import DFlashModel
+from methods.dflash.drafter import DFlashModel
 from methods.dvi import DVIDrafter, DVIOptions
-from methods.eagle3 import Eagle3Drafter, Eagle3Model, Eagle3Options
+from methods.eagle3.drafter import Eagle3Drafter, Eagle3Model, Eagle3Options
 from methods.lookahead import LookaheadDrafter, LookaheadOptions
-from methods.medusa import MedusaDrafter, MedusaHeads
+from methods.medusa.drafter import MedusaDrafter, MedusaHeads
 from methods.pld import PLDDrafter, PLDOptions
-from methods.specblock import SpecBlockDrafter, SpecBlockOptions
-from methods.specblock_model import SpecBlockConfig, SpecBlockModel
-from methods.sps import SpSDrafter, SpSOptions
+from methods.specblock.drafter import SpecBlockDrafter, SpecBlockOptions
+from methods.specblock.model import SpecBlockConfig, SpecBlockModel
+from methods.sps.drafter import SpSDrafter, SpSOptions
 from methods.suffix import SuffixDrafter, SuffixOptions, arctic_available
 from methods.taps import eagle3_taps
 from specbench import agreement

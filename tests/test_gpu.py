@@ -32,15 +32,15 @@ def ready(drafter, target):
 def build(name: str):
     """(CPU target, drafter of method ``name`` built for it) with small untrained weights, as in the
     method's own CPU tests. A new registered method must be added here."""
-    from methods.eagle3 import Eagle3Model, Eagle3Options
-    from methods.pacer import PreVerifier
-    from methods.specblock import SpecBlockDrafter
-    from methods.sps import SpSDrafter
+    from methods.eagle3.drafter import Eagle3Model, Eagle3Options
+    from methods.pacer.drafter import PreVerifier
+    from methods.specblock.drafter import SpecBlockDrafter
+    from methods.sps.drafter import SpSDrafter
     from methods.dvi import DVIDrafter
-    from methods.dflash import DFlashDrafter
+    from methods.dflash.drafter import DFlashDrafter
     from methods.ddtree import DDTreeDrafter
-    from methods.medusa import MedusaDrafter
-    from methods.pacer import PacerDrafter
+    from methods.medusa.drafter import MedusaDrafter
+    from methods.pacer.drafter import PacerDrafter
 
     cls = method_class(name)
     if cls is VanillaDrafter:

@@ -14,10 +14,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from methods.dflash import DFlashDrafter, DFlashOptions
-from methods.eagle3 import Eagle3Drafter, Eagle3Options, eagle3_taps
-from methods.medusa import MedusaDrafter, MedusaOptions
-from methods.specblock import SpecBlockDrafter, SpecBlockOptions
+from methods.dflash.drafter import DFlashDrafter, DFlashOptions
+from methods.eagle3.drafter import Eagle3Drafter, Eagle3Options, eagle3_taps
+from methods.medusa.drafter import MedusaDrafter, MedusaOptions
+from methods.specblock.drafter import SpecBlockDrafter, SpecBlockOptions
 from specbench.engine import hub
 from specbench.engine.loop import GenerationConfig, generate
 from specbench.errors import SpecbenchError

@@ -12,13 +12,14 @@ import pytest
 
 from specbench.data import drafter_paths, machine_load
 
+from methods.sps.report import verify_cost_note
 from specbench.analysis import paired
 from specbench.analysis.cost_model import CHAIN, TREE, CostCurve, curve_path, ideal_with_source, load_curve, slug
 from specbench.errors import SpecbenchError
 from specbench.records import GenerationRecord
 from specbench.analysis.report import build_report, read_result_file, write_report
 from specbench.analysis.report.checks import aa_frame
-from specbench.analysis.report.cost import sps_gamma_note
+from specbench.analysis.report.cost import cost_table
 
 HW = "Test CPU [family 1 model 1, avx2 only] (2 threads)"
 META = {"target": "tiny", "dtype": "float32", "device": "cpu", "hardware": HW, "temperature": 0.0, "threads": 2,
@@ -235,11 +236,15 @@ def test_sps_gamma_note_reads_the_curve(tmp_path: Path):
                      methods={f"sps@gamma={g}": {"method": "sps"} for g in (2, 4, 6)} | {"vanilla": {"method": "vanilla"}})
 
     monotone = CostCurve(HW, "float32", {CHAIN: {1: 0.01, 3: 0.012, 5: 0.014, 7: 0.016}})
-    note = sps_gamma_note([read_result_file(sps_file("m.jsonl", {}))], monotone)
+    note = verify_cost_note([read_result_file(sps_file("m.jsonl", {}))], monotone)
     assert "γ=2: run 2.04" in note and "timing noise" in note
     bumpy = CostCurve(HW, "float32", {CHAIN: {1: 0.01, 3: 0.02, 5: 0.015, 7: 0.019}})
-    note = sps_gamma_note([read_result_file(sps_file("b.jsonl", {}))], bumpy)
+    note = verify_cost_note([read_result_file(sps_file("b.jsonl", {}))], bumpy)
     assert "not monotone here (3 rows cost more than 5)" in note
+    # the cost table finds the note through its entry point (specbench.cost_notes), under the block's curve
+    _curve_file(tmp_path / "cost", {1: 0.01, 3: 0.02, 5: 0.015, 7: 0.019})
+    table = cost_table([read_result_file(tmp_path / "b.jsonl")])
+    assert any("not monotone here (3 rows cost more than 5)" in n for n in table.notes)
 
 
 def test_drafter_paths_are_written_relative_to_the_drafter_root(tmp_path: Path, monkeypatch):

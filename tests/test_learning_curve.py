@@ -3,7 +3,7 @@ the drafter folder gets every held-out evaluation against them as CSV, PNG and a
 
 import json
 
-from methods.sps_student import build_student, distillation_loss
+from methods.sps.student import build_student, distillation_loss
 from specbench.training.features import iterate_batches
 from specbench.training.learning_curve import (curve_points, curve_section, plateau, read_curve, read_log,
                                                write_learning_curve)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from drafters import RandomTreeDrafter, RandomTreeOptions, SampledTreeDrafter, SampledTreeOptions
-from methods.sps import SpSDrafter, SpSOptions
+from methods.sps.drafter import SpSDrafter, SpSOptions
 from specbench.engine.vanilla import VanillaDrafter
 from specbench.engine.loop import GenerationConfig, generate
 from specbench.engine.verify import SamplingParams

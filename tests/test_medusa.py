@@ -1,4 +1,4 @@
-"""Medusa (methods/medusa.py): training loss, checkpoints (ours and the official layout), the static
+"""Medusa (methods/medusa/drafter.py): training loss, checkpoints (ours and the official layout), the static
 tree from medusa_choices, and lossless generation through the engine with tiny random targets."""
 
 import json
@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from methods.medusa import (MC_SIM_7B_63, MedusaDrafter, MedusaHeads, MedusaOptions, TreeSkeleton, load_medusa,
+from methods.medusa.drafter import (MC_SIM_7B_63, MedusaDrafter, MedusaHeads, MedusaOptions, TreeSkeleton, load_medusa,
                             official_key_map, resolve_choices, save_medusa)
 from specbench.engine.vanilla import VanillaDrafter
 from specbench.engine.registry import create_drafter

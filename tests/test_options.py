@@ -10,7 +10,7 @@ from typing import Literal
 
 import pytest
 
-from methods.sps import SpSDrafter
+from methods.sps.drafter import SpSDrafter
 from specbench import options
 from specbench.engine import registry
 from specbench.engine.drafter import Drafter

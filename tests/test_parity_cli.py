@@ -46,7 +46,7 @@ def noisy_copy(model, scale: float, seed: int = 1):
 # ---- the adapters, on tiny random models ---------------------------------------------------
 def sps_pair(gamma: int, ref_gamma: int):
     from methods.parity.sps import TransformersAssisted
-    from methods.sps import SpSDrafter, SpSOptions
+    from methods.sps.drafter import SpSDrafter, SpSOptions
 
     target = tiny_target(0)
     drafter = SpSDrafter(SpSOptions(gamma=gamma), model=noisy_copy(target.model, 0.1))
@@ -101,7 +101,7 @@ def test_pld_reference_gives_our_tokens_and_per_step_accept_lengths():
 
 
 def tiny_dflash(target, reduced: bool):
-    from methods.dflash import DFlashModel
+    from methods.dflash.drafter import DFlashModel
 
     torch.manual_seed(5)
     vocab = torch.arange(0, target.vocab_size, 2) if reduced else None
@@ -112,7 +112,7 @@ def tiny_dflash(target, reduced: bool):
 @needs_dflash
 @pytest.mark.parametrize("reduced", [False, True], ids=["full-vocabulary", "draft-vocabulary"])
 def test_dflash_reference_loop_gives_our_tokens(reduced):
-    from methods.dflash import DFlashDrafter
+    from methods.dflash.drafter import DFlashDrafter
     from methods.parity.dflash import ZLabDFlash
 
     target = tiny_target(0, layers=3)
@@ -170,7 +170,7 @@ def test_ddtree_reference_marginals_build_our_trees(perturb):
 
 @needs_dflash
 def test_dflash_layout_is_rejected_in_one_line_when_their_class_reads_it_otherwise(monkeypatch):
-    from methods.dflash import DFlashDrafter
+    from methods.dflash.drafter import DFlashDrafter
     from methods.parity import dflash as adapter
     from specbench.errors import SpecbenchError
 
@@ -255,7 +255,7 @@ def test_a_missing_reference_package_is_refused(capsys, tmp_path, monkeypatch):
 
 @needs_dflash
 def test_a_drafter_layout_the_reference_rejects_is_refused(models, capsys, tmp_path, monkeypatch):
-    from methods.dflash import DFlashModel
+    from methods.dflash.drafter import DFlashModel
     from methods.parity import dflash as adapter
     from specbench.engine.target import Target
 
@@ -302,7 +302,7 @@ def test_all_takes_no_per_method_options(capsys, tmp_path, monkeypatch):
 
 # ---- medusa: the reference's dense tree is the parity run's default -------------------------
 def test_medusa_reference_offers_a_dense_tree_it_can_run():
-    from methods.medusa import MedusaDrafter, resolve_choices
+    from methods.medusa.drafter import MedusaDrafter, resolve_choices
     from methods.parity.medusa import DENSE_TOPK, MedusaLLM, dense_topk
     from specbench.options import parse
 
@@ -314,7 +314,7 @@ def test_medusa_reference_offers_a_dense_tree_it_can_run():
 @pytest.mark.skipif(importlib.util.find_spec("medusa") is None,
                     reason="FasterDecoding's medusa-llm is not installed (pip install -e '.[parity]')")
 def test_parity_medusa_runs_the_references_dense_tree_on_both_sides(models, tmp_path, capsys):
-    from methods.medusa import MedusaHeads, save_medusa
+    from methods.medusa.drafter import MedusaHeads, save_medusa
     from methods.parity.medusa import MedusaLLM
     from specbench.engine.target import Target
 

@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-from methods.eagle3 import Eagle3Drafter, Eagle3Model, Eagle3Options
+from methods.eagle3.drafter import Eagle3Drafter, Eagle3Model, Eagle3Options
 from parity_refs import save_tiny_tokenizer
 from specbench.engine.loop import GenerationConfig, generate
 from specbench.engine.target import Target

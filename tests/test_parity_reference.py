@@ -75,7 +75,7 @@ def _zlab_block_logits(model, target, prompt: torch.Tensor, bonus: int) -> torch
 
 def _our_block_logits(folder: Path, target, prompt: torch.Tensor, bonus: int, tap_shift: int = 0) -> torch.Tensor:
     """Our DFlashModel loaded by path, the same step through our cache path (context_kv + forward)."""
-    from methods.dflash import DFlashModel
+    from methods.dflash.drafter import DFlashModel
 
     model = DFlashModel.load(folder, target).float().eval()
     hidden = target_hidden_states(target, prompt)
@@ -119,7 +119,7 @@ def test_dflash_wrong_tap_fails_zlab_parity(tmp_path):
 def test_dflash2_from_zlab_is_refused_in_one_line(tmp_path):
     """DFlash-2 (z-lab's DFlash2DraftModel) is not run by specbench: its saved folder is refused in one
     line naming what is missing, never loaded as a plain DFlash drafter."""
-    from methods.dflash import DFlashModel
+    from methods.dflash.drafter import DFlashModel
     from specbench.errors import SpecbenchError
 
     target = tiny_parity_target()
@@ -169,7 +169,7 @@ def _dense_tree_paths(topk: list[int]) -> list[list[int]]:
 def _our_medusa(folder: Path, target, prompt: torch.Tensor):
     """Our heads loaded by path: logits [K, n, V] on the target's final hidden states, and the draft
     tree (tokens in our topological order) that our drafter builds from the last row."""
-    from methods.medusa import TreeSkeleton, load_medusa, resolve_choices
+    from methods.medusa.drafter import TreeSkeleton, load_medusa, resolve_choices
 
     heads = load_medusa(folder, target).float().eval()
     h = target_hidden_states(target, prompt)[-1][0]
@@ -254,7 +254,7 @@ def _speculators_logits(model, target, ids: torch.Tensor) -> tuple[torch.Tensor,
 def _our_eagle3_logits(folder: Path, target, ids: torch.Tensor, tap_shift: int = 0):
     """Our Eagle3Model loaded by path, the same steps through its training-time-test unroll (the
     recurrence its tree decode runs): logits [steps, n, draft V] and the draft model itself."""
-    from methods.eagle3 import Eagle3Model
+    from methods.eagle3.drafter import Eagle3Model
 
     model = Eagle3Model.load(folder, target).float().eval()
     hidden = target_hidden_states(target, ids)
@@ -285,7 +285,7 @@ def test_eagle3_matches_speculators_draft_model(tmp_path, fc_norm):
 
 @pytest.mark.parametrize("flag", ["norm_before_residual", "norm_output"])
 def test_speculators_eagle3_variants_we_do_not_run_are_refused(tmp_path, flag):
-    from methods.eagle3 import Eagle3Model
+    from methods.eagle3.drafter import Eagle3Model
     from specbench.errors import SpecbenchError
 
     target = tiny_parity_target()
@@ -358,7 +358,7 @@ def test_dflash_matches_speculators_draft_model(tmp_path):
 
 
 def test_dflash2_from_speculators_is_refused_in_one_line(tmp_path):
-    from methods.dflash import DFlashModel
+    from methods.dflash.drafter import DFlashModel
     from specbench.errors import SpecbenchError
 
     target = tiny_parity_target()
@@ -377,7 +377,7 @@ def test_medusa_llm_generate_loop_matches_our_engine(tmp_path):
     require_reference("medusa")
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from methods.medusa import MedusaDrafter, MedusaHeads, MedusaOptions
+    from methods.medusa.drafter import MedusaDrafter, MedusaHeads, MedusaOptions
     from methods.parity.medusa import MedusaLLM, dense_choices_json
     from parity_refs import save_tiny_tokenizer
     from specbench.engine.loop import GenerationConfig, generate

@@ -14,7 +14,7 @@ import torch
 
 from methods.parity.specblock import (REPOSITORY, AuthorsForwardSpecBlock, SpecBlockAuthorsDrafter,
                                       authors_draft_model, load_authors_module)
-from methods.specblock import SpecBlockDrafter, SpecBlockOptions
+from methods.specblock.drafter import SpecBlockDrafter, SpecBlockOptions
 from parity_refs import TOL, assert_parity
 from specbench.engine.loop import GenerationConfig, generate
 from specbench.run.snapshots import locate_snapshot

@@ -51,7 +51,7 @@ def test_report_marks_every_cell_made_by_a_dirty_tree(tmp_path):
     results.mkdir()
     write_jsonl(results / "clean.jsonl", vanilla_records() + method_records("sps"))
     write_jsonl(results / "dirty.jsonl", vanilla_records() + method_records("eagle3", quality=3),
-                git_sha="abc1234-dirty", git_dirty={"diff_sha256": "0" * 64, "files": ["methods/eagle3.py"]})
+                git_sha="abc1234-dirty", git_dirty={"diff_sha256": "0" * 64, "files": ["methods/eagle3/drafter.py"]})
     write_report(results / "*.jsonl", tmp_path / "out", figures=False)
     md = (tmp_path / "out" / "main_table.md").read_text()
     rows = {line.split("|")[1].strip(): line for line in md.splitlines() if line.startswith("| ")}
@@ -61,4 +61,4 @@ def test_report_marks_every_cell_made_by_a_dirty_tree(tmp_path):
     csv = pd.read_csv(tmp_path / "out" / "main_table.csv", comment="#").set_index("method")
     assert bool(csv.at["eagle3", "dirty_tree"]) and not bool(csv.at["sps", "dirty_tree"])
     prov = md.split("dirty.jsonl (diff sha256 ")[1]
-    assert prov.startswith("000000000000: methods/eagle3.py)")  # the provenance names the uncommitted diff
+    assert prov.startswith("000000000000: methods/eagle3/drafter.py)")  # the provenance names the uncommitted diff

@@ -371,7 +371,7 @@ def test_rank_head_table_from_confusion_counts(tmp_path: Path):
         r.extra = {"rank_confusion": conf, "rank_predicted": [0, 0, 0, 0]}
         ours.append(r)
     write_jsonl(tmp_path / "r.jsonl", base + ours)
-    table = build_report(tmp_path / "r.jsonl", reps=0).table("rank_head_table")  # methods/specblock_report.py
+    table = build_report(tmp_path / "r.jsonl", reps=0).table("rank_head_table")  # methods/specblock/report.py
     data = table.data.set_index("bucket")
     assert data.loc[0, "positions"] == 10 and math.isclose(data.loc[0, "precision"], 8 / 9)
     assert math.isclose(data.loc[0, "recall"], 8 / 10) and math.isclose(data.loc[1, "recall"], 3 / 4)
@@ -386,7 +386,7 @@ def test_pacer_gamma_table_shares_over_the_lengths_chosen(tmp_path: Path):
         r.extra = {"gamma_hist": hist, "mean_gamma": 0.0}
         ours.append(r)
     write_jsonl(tmp_path / "r.jsonl", base + ours)
-    table = build_report(tmp_path / "r.jsonl", reps=0).table("pacer_gamma_table")  # methods/pacer_report.py
+    table = build_report(tmp_path / "r.jsonl", reps=0).table("pacer_gamma_table")  # methods/pacer/report.py
     data = table.data.set_index("gamma")
     assert list(data.index) == [4, 8, 48] and data.calls.tolist() == [159, 40, 1]
     assert math.isclose(data.share.sum(), 1.0)

@@ -46,8 +46,8 @@ def test_drafter_root_can_be_moved_with_an_environment_variable(tmp_path, monkey
 
 
 def test_every_default_drafter_is_looked_up_under_the_moved_root(tmp_path, monkeypatch):
-    from methods.eagle3 import Eagle3Drafter
-    from methods.sps import SpSDrafter
+    from methods.eagle3.drafter import Eagle3Drafter
+    from methods.sps.drafter import SpSDrafter
     from specbench.errors import SpecbenchError
     from tiny import tiny_target
 

@@ -8,11 +8,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from methods.eagle3 import eagle3_taps
-from methods.specblock import SpecBlockDrafter, SpecBlockOptions, SpecBlockUniformTree, _Block, _Trie
-from methods.specblock_checkpoint import VOCAB_MAPPING, load_specblock, save_specblock
-from methods.specblock_model import RANK_FEATURES, SpecBlockConfig, SpecBlockModel, rank_features, rank_to_bucket
-from methods.specblock_train import LossSettings, SpecBlockLoss, block1_mask, cross_block_mask, valid_prefix
+from methods.eagle3.drafter import eagle3_taps
+from methods.specblock.drafter import SpecBlockDrafter, SpecBlockOptions, SpecBlockUniformTree, _Block, _Trie
+from methods.specblock.checkpoint import VOCAB_MAPPING, load_specblock, save_specblock
+from methods.specblock.model import RANK_FEATURES, SpecBlockConfig, SpecBlockModel, rank_features, rank_to_bucket
+from methods.specblock.objective import LossSettings, SpecBlockLoss, block1_mask, cross_block_mask, valid_prefix
 from specbench.engine.drafter import DecodeState
 from specbench.engine.registry import create_drafter, method_class
 from specbench.engine.loop import GenerationConfig, generate

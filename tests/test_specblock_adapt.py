@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from methods.specblock_adapt import (AdaptOptions, OSDOptions, SpecBlockAdaptDrafter, SpecBlockOSDDrafter,
+from methods.specblock.adapt import (AdaptOptions, OSDOptions, SpecBlockAdaptDrafter, SpecBlockOSDDrafter,
                                      choose_action, head_parameters, kl_to_reference)
 from specbench.engine.registry import method_class
 from specbench.engine.loop import GenerationConfig, generate

@@ -1,4 +1,4 @@
-"""SpecBlock's two block-1 conventions (``bonus_row``, methods/specblock_model.py): ``once`` (each committed
+"""SpecBlock's two block-1 conventions (``bonus_row``, methods/specblock/model.py): ``once`` (each committed
 pair's row group is block 1) and ``duplicate`` (the authors' inference code: a copy of the last pair one
 position later). They draft differently; the duplicate copy drafted from the cache equals a from-scratch
 forward over the same rows; training and inference agree in both; checkpoints record the convention and
@@ -9,10 +9,10 @@ import json
 import pytest
 import torch
 
-from methods.specblock import SpecBlockDrafter, SpecBlockOptions
-from methods.specblock_checkpoint import load_specblock, save_specblock
-from methods.specblock_model import SpecBlockConfig
-from methods.specblock_train import (LossSettings, SpecBlockLoss, block1_mask, block1_pass, cross_block_mask,
+from methods.specblock.drafter import SpecBlockDrafter, SpecBlockOptions
+from methods.specblock.checkpoint import load_specblock, save_specblock
+from methods.specblock.model import SpecBlockConfig
+from methods.specblock.objective import (LossSettings, SpecBlockLoss, block1_mask, block1_pass, cross_block_mask,
                                      duplicate_mask)
 from specbench.engine.drafter import DecodeState
 from specbench.engine.loop import GenerationConfig, generate

@@ -10,7 +10,7 @@ import torch
 
 from drafters import RandomTreeDrafter, RandomTreeOptions
 from methods.dvi import DVIDrafter, DVIOptions
-from methods.sps import SpSDrafter, SpSOptions
+from methods.sps.drafter import SpSDrafter, SpSOptions
 from specbench.engine import kvcache, split_verify
 from specbench.engine.loop import GenerationConfig, generate
 from specbench.engine.target import Target

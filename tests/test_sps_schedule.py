@@ -1,4 +1,4 @@
-"""SpS's dynamic draft length (methods/sps.py ``schedule``) against transformers' own assisted generation
+"""SpS's dynamic draft length (methods/sps/drafter.py ``schedule``) against transformers' own assisted generation
 (``num_assistant_tokens_schedule``, the SpS row of Spec-Bench): on a tiny random target and draft in fp32,
 greedy, the same tokens, the same draft length and the same accepted count at every step.
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers.generation import candidate_generator
 
-from methods.sps import SpSDrafter, SpSOptions, next_length
+from methods.sps.drafter import SpSDrafter, SpSOptions, next_length
 from specbench.engine.loop import GenerationConfig, generate
 from specbench.errors import SpecbenchError
 from specbench.engine.registry import create_drafter

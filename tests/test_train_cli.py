@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from methods.eagle3 import Eagle3Drafter, Eagle3Options
-from methods.sps import SpSDrafter, SpSOptions
+from methods.eagle3.drafter import Eagle3Drafter, Eagle3Options
+from methods.sps.drafter import SpSDrafter, SpSOptions
 from specbench.engine.vanilla import VanillaDrafter
 from specbench.engine.loop import GenerationConfig, generate
 from specbench.data.results import hardware
@@ -96,7 +96,7 @@ def test_feature_trainers_train_on_a_bf16_target(command, models, tmp_path, caps
 
 
 def test_train_medusa_then_run_it(models, tmp_path, capsys, monkeypatch):
-    from methods.medusa import MedusaDrafter, MedusaOptions
+    from methods.medusa.drafter import MedusaDrafter, MedusaOptions
 
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
     code, out, err = cli(["train", "medusa", "--heads", "3", "--eval-every", "2",
@@ -137,7 +137,7 @@ def test_shipped_responses_seed_the_cache_without_generating(models, tmp_path, c
 def test_train_pacer_on_the_shared_fit_then_run_it(models, tmp_path, capsys, monkeypatch):
     """The pre-verifier trains through the shared fit loop: replayed SD packed per response, binary
     CE, held-out AUC, its own card; a rerun resumes from the checkpoint instead of starting over."""
-    from methods.pacer import PacerDrafter, PacerOptions
+    from methods.pacer.drafter import PacerDrafter, PacerOptions
 
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
     args = ["train", "pacer", "--draft", models["draft"], "--window", "6", "--target", models["target"], "--prompts",

@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 
-from methods.sps import SpSDrafter, SpSOptions
-from methods.sps_student import build_student, distillation_loss, load_student, save_student
+from methods.sps.drafter import SpSDrafter, SpSOptions
+from methods.sps.student import build_student, distillation_loss, load_student, save_student
 from specbench.engine.vanilla import VanillaDrafter
 from specbench.engine.loop import GenerationConfig, generate
 from specbench.errors import SpecbenchError

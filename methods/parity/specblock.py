@@ -34,8 +34,8 @@ from typing import Iterator, Sequence
 
 import torch
 
-from methods.specblock import SpecBlockDrafter
-from methods.specblock_model import BlockOutput, SpecBlockModel, draft_row_offset
+from methods.specblock.drafter import SpecBlockDrafter
+from methods.specblock.model import BlockOutput, SpecBlockModel, draft_row_offset
 from specbench.errors import SpecbenchError
 from specbench.run.parity import ReferenceOutput
 from specbench.run.snapshots import Repository, Snapshot, import_snapshot, locate_snapshot

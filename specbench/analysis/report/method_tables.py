@@ -2,7 +2,8 @@
 ``specbench.report_tables`` (pyproject.toml, ``name = "package.module:function"``) or in-process with
 ``register_table``. The report calls each, in name order, as ``function(blocks, provenance)`` with the
 records per (target, temperature) block and the provenance lines; a function returns a ``Table``
-(``specbench.analysis.report.table``) or None when the records hold nothing for it."""
+(``specbench.analysis.report.table``) or None when the records hold nothing for it. Other plugin functions
+of the report (the cost table's notes) load the same way (``plugin_functions``)."""
 
 from __future__ import annotations
 
@@ -30,16 +31,21 @@ def register_table(name: str):
     return wrap
 
 
-def table_functions() -> dict[str, TableFunction]:
-    """name -> table function, for every registered one."""
-    found: dict[str, TableFunction] = {}
-    for name, target in entry_points(GROUP).items():
+def plugin_functions(group: str, kind: str) -> dict[str, Callable]:
+    """name -> function, for every entry point of ``group`` (``kind`` names one in the error), in name order."""
+    found: dict[str, Callable] = {}
+    for name, target in entry_points(group).items():
         module, _, attr = target.partition(":")
         try:
             found[name] = getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError) as exc:
-            raise SpecbenchError(f"report table {name!r} ({target}) cannot be loaded: {exc}") from None
-    found.update(_LOCAL)
+            raise SpecbenchError(f"{kind} {name!r} ({target}) cannot be loaded: {exc}") from None
+    return dict(sorted(found.items()))
+
+
+def table_functions() -> dict[str, TableFunction]:
+    """name -> table function, for every registered one."""
+    found = plugin_functions(GROUP, "report table") | _LOCAL
     return dict(sorted(found.items()))
 
 

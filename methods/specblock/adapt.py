@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from methods.specblock import SpecBlockDrafter, SpecBlockOptions
-from methods.specblock_model import SpecBlockModel, rank_features, rank_to_bucket
-from methods.specblock_train import block1_pass
+from methods.specblock.drafter import SpecBlockDrafter, SpecBlockOptions
+from methods.specblock.model import SpecBlockModel, rank_features, rank_to_bucket
+from methods.specblock.objective import block1_pass
 from specbench.engine.drafter import DecodeState, VerifyResult
 from specbench.errors import SpecbenchError
 from specbench.options import option

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from methods.pacer import PreVerifier, collate, draft_fingerprint, pack_example, pacer_loss, save_preverifier
+from methods.pacer.drafter import PreVerifier, collate, draft_fingerprint, pack_example, pacer_loss, save_preverifier
 from specbench.engine.target import Target
 from specbench.training.learning_curve import curve_section
 from specbench.training.model_card import schedule_length
@@ -101,7 +101,7 @@ def replay_dataset(target: Target, examples: list[dict], data_file: Path, draft:
 
     from rich.progress import track
 
-    from methods.sps import SpSDrafter, SpSOptions
+    from methods.sps.drafter import SpSDrafter, SpSOptions
     from specbench.engine.packaged import cache_dir
 
     sps = SpSDrafter(SpSOptions(draft=draft, dtype="bfloat16"))  # the draft as benchmarks run it

@@ -26,7 +26,7 @@ class Eagle3Trainer(MethodTrainer):
     Options = Eagle3TrainOptions
 
     def train(self, o: Eagle3TrainOptions) -> dict:
-        from methods.eagle3 import Eagle3Model
+        from methods.eagle3.drafter import Eagle3Model
         from specbench.training.features import token_counts
         from specbench.training.fit import fit_features, recipe_for, training_data
         from specbench.training.vocab import build_vocab_mapping

@@ -27,7 +27,7 @@ class MedusaTrainer(MethodTrainer):
     Options = MedusaTrainOptions
 
     def train(self, o: MedusaTrainOptions) -> dict:
-        from methods.medusa import MedusaHeads, save_medusa
+        from methods.medusa.drafter import MedusaHeads, save_medusa
         from specbench.training.fit import fit_features, recipe_for, training_data
 
         t, data_file, examples = training_data(o)

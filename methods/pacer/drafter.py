@@ -14,7 +14,7 @@ responses, draft a long window from every step's prefix, label drafts 1 up to th
 0 after, pack all steps of one response into one sequence whose mask lets draft m of step i see the
 prefix before step i and drafts 1..m of its own step (Fig. 5), binary cross-entropy. The packing and
 the loss are here (they share the row convention with inference); `specbench train pacer` is
-``pacer_train.py``.
+``trainer.py``.
 
 In a batch (``--batch-size``) every request's chain is drafted together: one draft-model forward per
 chain position and one M_B forward per block for the whole batch, each over a ragged cache (a row per
@@ -36,7 +36,8 @@ import torch
 import torch.nn.functional as F
 
 from methods.checkpoints import shipped_drafter
-from methods.sps import SpSDrafter
+from methods.sps.drafter import SpSDrafter
+from methods.weights_options import draft_model_weights
 from specbench.engine import kvcache
 from specbench.engine.batch_cache import RaggedCache
 from specbench.engine.batch_target import forward_rows, pack_rows
@@ -325,10 +326,8 @@ def keep_drafting(alphas: list[float], threshold: float) -> bool:
 
 
 @dataclass
-class PacerOptions:
-    draft: str = option("", "The SpS draft model (empty = the shipped one for the target).")
+class PacerOptions(draft_model_weights("The SpS draft model (empty = the shipped one for the target).")):
     pacer: str = option("", "Pre-verification layer folder or hub id org/name[@rev] (empty = drafters/<target>/pacer).")
-    revision: str = option("", "Hub revision of draft; empty = main.")
     block: int = option(4, "b: drafts per pre-verification.", ge=1, tokens=True)
     threshold: float = option(0.7, "t_0: stop when a block's mean predicted acceptance <= t.", ge=0, le=1)
     rho: float = option(1.05, "Growth of t per passed block (1.0 = no growth).", ge=1)
@@ -343,7 +342,7 @@ class PacerDrafter(SpSDrafter):
     Options = PacerOptions
     shipped = "pacer"  # folder under drafters/<target>/
     weight_options = ("draft", "pacer")
-    trainer = "methods.pacer_train:PacerTrainer"  # `specbench train pacer` (no-pos: --no-position-embedding)
+    trainer = "methods.pacer.trainer:PacerTrainer"  # `specbench train pacer` (no-pos: --no-position-embedding)
 
     def __init__(self, options: PacerOptions | None = None, model=None, tokenizer=None, preverifier=None) -> None:
         super().__init__(options, model, tokenizer)

@@ -43,7 +43,7 @@ class DFlashTrainer(MethodTrainer):
                                  f"{o.layers}, {o.anchors})")
 
     def train(self, o: DFlashTrainOptions) -> dict:
-        from methods.dflash import DFlashModel, choose_mask_token, decay_gamma
+        from methods.dflash.drafter import DFlashModel, choose_mask_token, decay_gamma
         from specbench.training.features import token_counts
         from specbench.training.fit import fit_features, recipe_for, training_data
         from specbench.training.vocab import build_vocab_mapping

@@ -20,7 +20,7 @@ Each propose call makes M drafter forwards:
 
 The drafter keeps K cache entries per committed position (every slot of its block-1 forward);
 cross-block keys are transient. ``bonus_row`` picks how block 1 reads the last committed pair
-(specblock_model.py): ``once``, its cached group is block 1; ``duplicate`` (the authors' inference
+(model.py): ``once``, its cached group is block 1; ``duplicate`` (the authors' inference
 code), a transient copy one position later that sees every cached group, the pair's own included.
 A drafter runs the convention its checkpoint records unless told otherwise.
 
@@ -45,9 +45,10 @@ import torch
 
 from methods.tree_select import select_nodes
 from methods.checkpoints import shipped_drafter
-from methods.specblock_checkpoint import load_specblock
-from methods.specblock_model import NUM_BUCKETS, KV, SpecBlockModel, draft_row_offset, rank_to_bucket
-from methods.specblock_train import block1_mask
+from methods.specblock.checkpoint import load_specblock
+from methods.specblock.model import NUM_BUCKETS, KV, SpecBlockModel, draft_row_offset, rank_to_bucket
+from methods.specblock.objective import block1_mask
+from methods.weights_options import drafter_weights
 from specbench.engine.batch_cache import RaggedKV
 from specbench.engine.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
@@ -57,10 +58,7 @@ from specbench.engine.tree import DraftTree, SiblingKind
 
 
 @dataclass
-class SpecBlockOptions:
-    path: str = option("", "Drafter folder or hub id org/name[@rev] (ours or the published layout); "
-                           "empty = drafters/<target>/<variant>.")
-    revision: str = option("", "Hub revision of path; empty = main.")
+class SpecBlockOptions(drafter_weights("Drafter folder", "ours or the published layout", "<variant>")):
     budget: int = option(60, "Draft nodes verified per call (paper <= 60; reference 90).", ge=1, tokens=True)
     blocks: int = option(2, "M: drafter forwards per call.", ge=1)
     beam_width: int = option(10, "Block-1 slot-0 width (slot0=beam), and the most starts per later block.", ge=1)
@@ -116,7 +114,7 @@ class SpecBlockDrafter(Drafter):
     weights_name = "specblock"  # shipped folder under drafters/<target>/
     weight_options = ("path",)
     budget_option = "budget"
-    trainer = "methods.specblock_trainer:SpecBlockTrainer"
+    trainer = "methods.specblock.trainer:SpecBlockTrainer"
     # What `specbench train specblock --variant` changes to train this class's weights (SpecBlockConfig
     # fields; ``valid_prefix`` for the loss): the variants' one declaration.
     trained_with: dict = {}

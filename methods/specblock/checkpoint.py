@@ -14,7 +14,7 @@ from methods.checkpoints import check_layer_shapes, load_checked, load_ours_or_p
 from methods.checkpoints import read_published_weights  # whole or sharded weights
 from methods.taps import check_taps, eagle3_taps
 from methods.layers import official_layer_shapes
-from methods.specblock_model import SpecBlockConfig, SpecBlockModel
+from methods.specblock.model import SpecBlockConfig, SpecBlockModel
 from specbench.errors import SpecbenchError
 from specbench.training.checkpoint import CONFIG, architecture, config_value
 

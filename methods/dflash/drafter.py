@@ -47,10 +47,10 @@ from methods.checkpoints import (check_layer_shapes, load_checked, load_ours_or_
                                  save_ours, shipped_drafter)
 from methods.layers import KV, DecoderLayer, LayerShapes, RMSNorm, Rotary, official_layer_shapes, target_layer_shapes
 from methods.speculators_layout import is_speculators, speculators_dflash
+from methods.weights_options import drafter_weights
 from specbench.engine.batch_cache import RaggedKV
 from specbench.engine.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
-from specbench.options import option
 from specbench.engine.target import Target, TargetOutput
 from specbench.training.batch import TrainBatch
 from specbench.training.checkpoint import CONFIG, architecture
@@ -461,10 +461,8 @@ def training_mask(starts: torch.Tensor, context_len: int, block: int) -> torch.T
 
 # ---- the drafter -----------------------------------------------------------------------------
 @dataclass
-class DFlashOptions:
-    path: str = option("", "Drafter folder or hub id org/name[@rev] (ours or the published z-lab layout); "
-                           "empty = drafters/<target>/dflash.")
-    revision: str = option("", "Hub revision of path; empty = main.")
+class DFlashOptions(drafter_weights("Drafter folder", "ours or the published z-lab layout", "dflash")):
+    """Only the weights: the block size and the target layers it reads come with the checkpoint."""
 
 
 class DFlashDrafter(Drafter):
@@ -474,7 +472,7 @@ class DFlashDrafter(Drafter):
     Options = DFlashOptions
     label = "DFlash"
     weight_options = ("path",)
-    trainer = "methods.dflash_train:DFlashTrainer"
+    trainer = "methods.dflash.trainer:DFlashTrainer"
 
     def __init__(self, options=None, model: DFlashModel | None = None) -> None:
         super().__init__(options)

@@ -31,6 +31,7 @@ from torch import nn
 
 from methods.checkpoints import check_keys, load_checked, load_ours_or_published, save_ours, shipped_drafter
 from methods.checkpoints import read_published_weights  # whole or sharded weights
+from methods.weights_options import drafter_weights
 from specbench.engine.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
 from specbench.options import option
@@ -344,10 +345,7 @@ class TreeSkeleton:
 
 # ---- drafter --------------------------------------------------------------------------------------
 @dataclass
-class MedusaOptions:
-    path: str = option("", "Heads folder or hub id org/name[@rev] (ours or the official Medusa layout); "
-                           "empty = drafters/<target>/medusa.")
-    revision: str = option("", "Hub revision of path; empty = main.")
+class MedusaOptions(drafter_weights("Heads folder", "ours or the official Medusa layout", "medusa")):
     topk: int = option(10, "Candidates per head (reference TOPK).", ge=1)
     choices: str = option("mc_sim_7b_63", "A built-in tree name or a JSON list of rank paths.")
     heads: int = option(0, "Use the first N heads; 0 = all in the checkpoint.", ge=0)
@@ -365,7 +363,7 @@ class MedusaDrafter(Drafter):
     Options = MedusaOptions
     weight_options = ("path",)
     budget_option = "max_nodes"
-    trainer = "methods.medusa_train:MedusaTrainer"
+    trainer = "methods.medusa.trainer:MedusaTrainer"
     taps = (-1,)  # the final-norm output that lm_head reads
 
     def __init__(self, options: MedusaOptions | None = None, heads: MedusaHeads | None = None) -> None:

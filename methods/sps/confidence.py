@@ -21,16 +21,15 @@ from dataclasses import dataclass
 
 import torch
 
-from methods.sps import SpSDrafter
+from methods.sps.drafter import SpSDrafter
+from methods.weights_options import draft_model_weights
 from specbench.engine.drafter import DecodeState, VerifyResult
 from specbench.errors import SpecbenchError
 from specbench.options import option
 
 
 @dataclass
-class SpSConfidenceOptions:
-    draft: str = option("", "Draft model, as for sps.")
-    revision: str = option("", "Hub revision of draft; empty = main.")
+class SpSConfidenceOptions(draft_model_weights("Draft model, as for sps.")):
     gamma: int = option(5, "Initial chain length (HF assisted generation's original num_assistant_tokens).", ge=1,
                         tokens=True)
     threshold: float = option(0.4, "Initial confidence threshold (HF's default assistant_confidence_threshold).",

@@ -39,6 +39,7 @@ from methods.layers import (KV, DecoderLayer, LayerShapes, RMSNorm, Rotary, offi
 from methods.speculators_layout import is_speculators, speculators_eagle3, speculators_keys
 from methods.taps import check_taps, eagle3_taps
 from methods.tree_select import candidates_to_tree, select_nodes
+from methods.weights_options import drafter_weights
 from specbench.engine.batch_cache import RaggedKV
 from specbench.engine.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
@@ -327,10 +328,7 @@ def _load_official(cls: type[Eagle3Model], folder: Path, raw: dict, target: Targ
 
 # ---- the drafter -----------------------------------------------------------------------------
 @dataclass
-class Eagle3Options:
-    path: str = option("", "Drafter folder or hub id org/name[@rev] (ours or official EAGLE-3); "
-                           "empty = drafters/<target>/eagle3.")
-    revision: str = option("", "Hub revision of path (branch, tag or commit); empty = main.")
+class Eagle3Options(drafter_weights("Drafter folder", "ours or official EAGLE-3", "eagle3")):
     top_k: int = option(10, "Frontier width and children per frontier node.", ge=1)
     depth: int = option(7, "Tree-growing forwards after the first (tree depth <= depth + 1).", ge=1, tokens=True)
     total_tokens: int = option(60, "Verify rows incl. the root: at most total_tokens - 1 draft nodes.", ge=2,
@@ -355,7 +353,7 @@ class Eagle3Drafter(Drafter):
     Options = Eagle3Options
     weight_options = ("path",)
     budget_option, budget_counts_root = "total_tokens", True  # verify rows, the root included
-    trainer = "methods.eagle3_train:Eagle3Trainer"
+    trainer = "methods.eagle3.trainer:Eagle3Trainer"
 
     def __init__(self, options: Eagle3Options | None = None, model: Eagle3Model | None = None) -> None:
         super().__init__(options)

@@ -37,17 +37,16 @@ from specbench.training.checkpoint import read_drafter_config
 from specbench.engine.tree import DraftTree, SiblingKind
 from specbench.engine.verify import draw, logits_to_probs
 from methods.checkpoints import shipped_drafter
-from methods.sps_student import is_student, load_student
+from methods.sps.student import is_student, load_student
+from methods.weights_options import draft_model_weights
 
 # Draft models shipped with the project, per embedded target name.
 
 
 @dataclass
-class SpSOptions:
-    draft: str = option("", "Draft model: a folder, .gguf file or hub id org/name[@rev]; truncated:N = the target's "
-                            "first N layers (untrained, weak: a starting point for distillation); empty = the shipped "
-                            "one for the target.")
-    revision: str = option("", "Hub revision of draft; empty = main.")
+class SpSOptions(draft_model_weights(
+        "Draft model: a folder, .gguf file or hub id org/name[@rev]; truncated:N = the target's first N layers "
+        "(untrained, weak: a starting point for distillation); empty = the shipped one for the target.")):
     gamma: int = option(5, "Chain length: tokens drafted per verify call.", ge=1, tokens=True)
     dtype: str = option("", "Draft dtype; empty = the target's.")
     schedule: Literal["fixed", "heuristic", "heuristic_transient"] = option(
@@ -100,7 +99,7 @@ class SpSDrafter(Drafter):
     label = "SpS"
     Options = SpSOptions
     weight_options = ("draft",)
-    trainer = "methods.sps_student:StudentTrainer"  # `specbench train sps-student`: a distilled draft model
+    trainer = "methods.sps.student:StudentTrainer"  # `specbench train sps-student`: a distilled draft model
 
     @classmethod
     def builtin_reference(cls, spec: str) -> bool:

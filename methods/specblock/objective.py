@@ -14,7 +14,7 @@ slots 0..s-1 of its own position, exactly what a block-2 start sees at inference
 restarts (as the reference does). The rank loss switches on at ``rank_start`` steps; block 2 trains
 from ``cross_block_start`` (paper: from the start; the reference ties it to the rank start).
 
-Both block-1 conventions train (``SpecBlockConfig.bonus_row``, see specblock_model.py): ``once``
+Both block-1 conventions train (``SpecBlockConfig.bonus_row``, see model.py): ``once``
 supervises each pair's own group of rows; ``duplicate`` runs the pairs as context rows and supervises
 a copy of each pair one position later that sees the context rows up to its own pair (what the
 authors' inference code drafts from). Block 2 then sees the context rows up to its anchor and the
@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from methods.layers import KV
-from methods.specblock_model import NUM_BUCKETS, BlockOutput, SpecBlockModel, draft_row_offset, rank_to_bucket
+from methods.specblock.model import NUM_BUCKETS, BlockOutput, SpecBlockModel, draft_row_offset, rank_to_bucket
 from specbench.training.batch import TrainBatch
 
 

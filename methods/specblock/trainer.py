@@ -1,4 +1,4 @@
-"""`specbench train specblock`: a SpecBlock drafter (the objective is in ``specblock_train.py``:
+"""`specbench train specblock`: a SpecBlock drafter (the objective is in ``objective.py``:
 valid-prefix masked block losses, cross-block unrolling, rank head). ``--variant`` trains the
 drafter one of the registered variant classes loads (``SpecBlockDrafter.trained_with``: the
 paper's Table 2 base-architecture ablations)."""
@@ -10,16 +10,16 @@ from typing import Optional
 
 import typer
 
-from methods import specblock
+from methods.specblock import drafter
 from specbench.errors import SpecbenchError
 from specbench.training.plugin import MethodTrainer, TrainOptions, option
 
 
 def variants() -> dict[str, dict]:
-    """variant name -> what it changes, from the drafter classes of methods/specblock.py (in order)."""
+    """variant name -> what it changes, from the drafter classes of methods/specblock/drafter.py (in order)."""
     found: dict[str, dict] = {}
-    for cls in vars(specblock).values():
-        if isinstance(cls, type) and issubclass(cls, specblock.SpecBlockDrafter):
+    for cls in vars(drafter).values():
+        if isinstance(cls, type) and issubclass(cls, drafter.SpecBlockDrafter):
             found.setdefault(cls.variant(), dict(cls.trained_with))
     return found
 
@@ -68,9 +68,9 @@ class SpecBlockTrainer(MethodTrainer):
 
     def train(self, o: SpecBlockTrainOptions) -> dict:
         from methods.taps import eagle3_taps
-        from methods.specblock_checkpoint import save_specblock
-        from methods.specblock_model import SpecBlockConfig, SpecBlockModel
-        from methods.specblock_train import LossSettings, SpecBlockLoss
+        from methods.specblock.checkpoint import save_specblock
+        from methods.specblock.model import SpecBlockConfig, SpecBlockModel
+        from methods.specblock.objective import LossSettings, SpecBlockLoss
         from specbench.training.features import token_counts
         from specbench.training.fit import fit_features, recipe_for, training_data
         from specbench.training.vocab import build_vocab_mapping
