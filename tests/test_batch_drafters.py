@@ -140,11 +140,11 @@ def run_batch(target, drafter, cfgs, batch: BatchConfig) -> list:
 
 
 @pytest.mark.parametrize("name", METHODS)
-def test_each_request_decodes_its_batch1_vanilla_text_whatever_its_neighbours(name):
+def test_each_request_decodes_its_batch1_vanilla_text_whatever_its_neighbours(name, monkeypatch):
     target, drafter = build(name)
     eos_row, eos, inside = choose_eos(target, drafter)
     assert inside or name in COPYING, f"{name}: no request met a new token inside an accepted chain"
-    target.eos_token_ids = {eos}
+    monkeypatch.setattr(target, "eos_token_ids", {eos})  # targets are cached and shared: undone after the test
     cfgs = configs(eos_row)
     vanilla = VanillaDrafter()
     vanilla.setup(target)
@@ -152,7 +152,7 @@ def test_each_request_decodes_its_batch1_vanilla_text_whatever_its_neighbours(na
     quiet = (eos_row + 1) % len(PROMPTS)  # the request that accepts nothing
     for batch in (BatchConfig(4), BatchConfig(3, continuous=True)):
         target, drafter = build(name)  # fresh: a learner's memory starts as it did alone
-        target.eos_token_ids = {eos}
+        monkeypatch.setattr(target, "eos_token_ids", {eos})
         records = run_batch(target, rejecting(drafter, target, PROMPTS[quiet]), cfgs, batch)
         assert [r.new_tokens for r in records] == expected, batch
         assert max(records[quiet].accept_lengths) == 0
@@ -166,7 +166,7 @@ def test_each_request_decodes_its_batch1_vanilla_text_whatever_its_neighbours(na
 
 
 @pytest.mark.parametrize("name", sorted(BATCHED | {"ddtree-sliding", "specblock-duplicate"}))
-def test_batched_drafts_equal_per_request_drafts(name):
+def test_batched_drafts_equal_per_request_drafts(name, monkeypatch):
     """Same batch, same neighbours (one stops at EOS, one accepts nothing): the batched drafter's trees are
     those of one fork per request, token for token and parent for parent, at every step."""
     trees: dict[str, dict] = {"batched": {}, "forked": {}}
@@ -174,7 +174,7 @@ def test_batched_drafts_equal_per_request_drafts(name):
         target, drafter = build(name)
         assert drafter.batched_drafting
         text = generate(target, VanillaDrafter(), list(PROMPTS[2]), configs(-1)[2]).new_tokens
-        target.eos_token_ids = {next(t for i, t in enumerate(text[3:], 3) if t not in text[:i])}  # ends mid-text
+        monkeypatch.setattr(target, "eos_token_ids", {next(t for i, t in enumerate(text[3:], 3) if t not in text[:i])})  # ends mid-text
         drafter = drafter if mode == "batched" else forked(drafter)
         recording(rejecting(drafter, target, PROMPTS[1]), trees[mode])
         records = run_batch(target, drafter, configs(2), BatchConfig(4))

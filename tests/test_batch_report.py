@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 from specbench.analysis.cost_model import CHAIN, TREE, CostCurve, batch_kind
 from specbench.analysis.report import build_report, write_report
@@ -160,9 +161,11 @@ def test_a_curve_measured_per_batch_size_prices_the_ideal_at_each_b(sweep, model
     for path in folder.glob("*.jsonl"):
         shutil.copy(path, tmp_path / path.name)
     cost = tmp_path / "cost"
+    # the curve is looked up by hardware, thread count included: the subprocess gets this process's
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": str(torch.get_num_threads())}
     done = subprocess.run([sys.executable, "bench/forward_cost.py", "--target", models["target"], "--dtype", "float32",
                            "--rows", "1-5", "--prefix", "8", "--repeats", "1", "--warmup", "0", "--batch", "1,2",
-                           "--out", str(cost)], cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+                           "--out", str(cost)], cwd=root, env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     curves = json.loads(next(cost.glob("*.json")).read_text())["curves"]["float32"]
