@@ -150,7 +150,7 @@ PAIR_FP32_SIDES = (f"sps@draft={PAIR_DRAFT}@label=sps",
                     f"sps-confidence@draft={PAIR_DRAFT}@label=sps-confidence"])
 # Speculation under load (`specbench report`'s batch tables): the main methods at B = 1, 2, 4, 8, 16 in one sweep per
 # bench (every side at every B in one process, one file per B: `<out stem>_B<b>.jsonl`), bf16 (`batch-bf16`) and fp32
-# (`batch`). SpS and EAGLE-3 draft the batch at once; SpecBlock and prompt lookup draft through per-request forks.
+# (`batch`). SpS, EAGLE-3 and SpecBlock draft the batch in one drafter forward; prompt lookup loops over requests.
 # 16 prompts per bench (MT-Bench: 16 conversations, both turns), so B = 16 fills; 64 new tokens per turn, not the
 # other groups' 128, to hold a group (both benches) to about 25 min (bf16) and 30 min (fp32) on the 2-thread Xeon:
 # estimated, not timed, from the cost curves in results/cost (a verify over 16 x 17 rows, extrapolated) and the

@@ -257,9 +257,16 @@ def real_target():
         pytest.skip(f"the default target is not installed: {exc}")
 
 
+# One method per way of drafting and walking (a chain, a copied chain, a sampled tree, a deterministic tree,
+# heads, a learner, the paper's method); every registered method replays on tiny targets above and in
+# test_deep_sampling.py, and `bench/replay_t1.py` replays them all on the real target with more power.
+REAL_METHODS = ("vanilla", "sps", "pld", "eagle3", "medusa", "ddtree", "specblock", "dvi")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(available_methods()))
-def test_each_method_replays_losslessly_on_the_real_target(name):
+@pytest.mark.parametrize("name", REAL_METHODS)
+def test_main_methods_replay_losslessly_on_the_real_target(name):
+    assert name in available_methods()
     target = real_target()
     try:
         drafter = create_drafter(name)
