@@ -22,9 +22,10 @@ from test_deep_sampling import (ALPHA, BROKEN_SAMPLES, CASES, DEPTH, PROMPT, SAM
 
 NEIGHBOURS = [[2], [0, 1, 2, 3, 3, 2, 1, 0, 1, 2, 0], [3, 3, 3]]
 BATCH = BatchConfig(4, continuous=True)
-# Batched drafting (SpS, EAGLE-3) and the per-request default (PLD's chains, DDTree's sampled-free trees, Medusa).
-BREAKS = {"vanilla": "forget_last_row", "sps": "accept_one_more", "eagle3": "rows_off_by_one",
-          "pld": "accept_one_more", "medusa": "rows_off_by_one"}
+# Every method that batches: those that draft the batch in one drafter forward (SpS, EAGLE-3, SpecBlock, DFlash,
+# DDTree, Medusa, PACER) and one that loops over requests (PLD's chains); each with its own break (test_deep_sampling).
+BREAKS = {name: CASES[name][1] for name in
+          ("vanilla", "sps", "eagle3", "specblock", "dflash", "ddtree", "medusa", "pacer", "pld")}
 
 
 def break_batched_step(monkeypatch, kind: str) -> None:
