@@ -30,11 +30,14 @@ setup-suffix: $(PY)
 	$(PIP) install nanobind==2.9.2 grpcio-tools protobuf cmake ninja setuptools wheel
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PIP) install --no-build-isolation --no-deps "arctic-inference>=0.3"
 
+# Test files spread over TEST_WORKERS processes (one torch thread each), a file's tests in one process so that
+# its module fixtures (the real target's loads) are made once.
+TEST_WORKERS ?= 2
 test:
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 test-fast:
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow"
 
 bench:
 	$(PY) bench/engine_vs_hf.py

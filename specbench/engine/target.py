@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import shutil
+import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,10 +121,17 @@ def _load_gguf(path: Path, dtype: torch.dtype, attn_implementation: str, device_
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
-        tmp = cached.with_name(cached.name + ".tmp")
+        # A folder of this process's own: two runs (or test workers) converting at once must not mix files.
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{cached.name}.", dir=cached.parent))
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        tmp.replace(cached)
+        try:
+            tmp.replace(cached)
+        except OSError:  # another process finished first: keep its folder
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not (cached / "config.json").is_file():
+                raise
         del model
     return _load_folder_or_hub(str(cached), dtype, attn_implementation, device_map)
 
