@@ -68,3 +68,28 @@ def test_each_size_of_a_sweep_has_its_own_default_file_and_identity():
     assert "_B1_" in default_out(one).name and "_B4_" in default_out(four).name
     assert one.identity()["batched_loop"] and "batch_sweep" not in four.identity()
     assert RunConfig(sides=[Side("sps")], bench="humaneval").loop == "single"
+
+
+def test_a_sweep_interleaves_the_sides_batch_by_batch(models, tmp_path, capsys, monkeypatch):
+    """At each B every side decodes one batch before any side starts the next, the first side alternating, so
+    that the machine's drift over a sweep reaches every side alike."""
+    from specbench.run.runner import Runner
+
+    calls = []
+    real = Runner._run_side_batched
+
+    def logged(self, label, drafter, queries, size):
+        calls.append((size, label, tuple(q.index for q in queries)))
+        return real(self, label, drafter, queries, size)
+
+    monkeypatch.setattr(Runner, "_run_side_batched", logged)
+    args = base_args(models, tmp_path / "sweep.jsonl", "--batch-size", "1,2")
+    args[args.index("--limit") + 1] = "4"
+    code, _, stderr = cli(args, capsys)
+    assert code == 0, stderr
+    at_1 = [c for c in calls if c[0] == 1]
+    assert [c[2] for c in at_1] == [(i,) for i in range(4) for _ in range(2)]  # one prompt, both sides, then the next
+    firsts = [at_1[k][1] for k in range(0, 8, 2)]
+    assert firsts[0] != firsts[1] and firsts[0] == firsts[2]  # the first side alternates
+    at_2 = [c for c in calls if c[0] == 2]
+    assert [c[2] for c in at_2] == [(0, 1), (0, 1), (2, 3), (2, 3)]

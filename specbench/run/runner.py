@@ -11,9 +11,9 @@ Under ``torchrun --nproc-per-node N`` each rank runs queries i with i % N == ran
 a query on one rank, in the same alternating order), appends to its own part file, and rank 0
 merges the parts into ``--out`` (see ``specbench/run/merge.py``).
 
-With ``--batch-size B`` > 1 the stream is cut into chunks (B queries; 4B with ``--continuous``) and every
-side decodes a chunk through the batched loop (``engine/batch_loop.py``) before the next side does,
-alternating which side goes first per chunk. A sweep (``--batch-size 1,2,4``) decodes each chunk (the
+With ``--batch-size B`` > 1 the stream is cut into batches (B queries; 4B with ``--continuous``) and every
+side decodes a batch through the batched loop (``engine/batch_loop.py``) before the next side does,
+alternating which side goes first per batch. A sweep (``--batch-size 1,2,4``) decodes each chunk (the
 largest B's) at every B in turn, writing one results file per B (``sweep_out``); its B = 1, like
 ``--batched-loop``, runs through the batched loop."""
 
@@ -442,18 +442,22 @@ class Runner:
             progress.advance(task)
 
     def _run_chunks(self, progress: Progress, task) -> None:
-        """The batched loop: each side decodes a chunk of queries in batches, then the next side does;
-        which side goes first alternates per chunk, as it does per query at batch 1. A sweep decodes each
-        chunk at every B in turn (ascending, then descending on the next chunk), every side at one B before
-        the next B, so the sides' ratios at a B are side by side and drift spreads over the Bs; the chunk is
-        the largest B's."""
-        size = self.cfg.batch_size * (CONTINUOUS_CHUNK if self.cfg.continuous else 1)
-        for n, chunk in enumerate(_chunks(self.queries, size)):
+        """The batched loop: the stream is cut into chunks of the largest B (4x with ``--continuous``), and each
+        chunk is decoded at every B in turn (ascending, then descending on the next chunk). At a B the chunk is
+        cut again into the batches that B decodes (B queries, 4B when continuous), and every side decodes one
+        batch before any side starts the next, which side goes first alternating per batch as it does per
+        query at batch 1: a method's ratio over vanilla at a B is measured side by side, so the machine's
+        drift over minutes reaches every side alike and spreads over the Bs."""
+        per = CONTINUOUS_CHUNK if self.cfg.continuous else 1
+        turn = 0  # batches decoded so far: which side goes first
+        for n, chunk in enumerate(_chunks(self.queries, max(self.batch_sizes) * per)):
             for b in self.batch_sizes if n % 2 == 0 else self.batch_sizes[::-1]:
                 self._at(b)
-                for label, drafter in self.sides if n % 2 == 0 else self.sides[::-1]:
-                    self._run_side_batched(label, drafter, chunk, b)
-                self._release_held()
+                for batch in _chunks(chunk, b * per):
+                    for label, drafter in self.sides if turn % 2 == 0 else self.sides[::-1]:
+                        self._run_side_batched(label, drafter, batch, b)
+                    self._release_held()
+                    turn += 1
             progress.advance(task, len(chunk))
 
     def run(self) -> list[GenerationRecord]:

@@ -133,7 +133,7 @@ def batch_table(frame: pd.DataFrame, provenance: Sequence[str] = ()) -> Table | 
     if not sections:
         return None
     notes = ["Speedup of each method over vanilla decoded through the same batched loop at the same B, in the same "
-             "file (a sweep's sides interleaved per chunk of prompts): pooled tokens over the time each request was "
+             "file (its sides interleaved batch by batch): pooled tokens over the time each request was "
              "active (every step it shared is charged to it in full), end to end, with its 95% bootstrap interval "
              "over prompts.",
              "Crossover B: the smallest B whose interval lies entirely below 1.00× (speculation costs time at that "
