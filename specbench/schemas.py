@@ -175,6 +175,7 @@ class HeaderMeta(BaseModel):
     sides: Optional[list[StrictStr]] = None
     methods: Optional[dict[StrictStr, Any]] = None
     weights: Optional[dict[StrictStr, Any]] = None
+    drafter_recipes: Optional[dict[StrictStr, dict[StrictStr, dict[StrictStr, Any]]]] = None
     hardware: Optional[StrictStr] = None
     rank: Optional[StrictInt] = None
     world_size: Optional[StrictInt] = None

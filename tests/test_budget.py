@@ -37,7 +37,8 @@ def test_cli_budget_reaches_the_drafter_and_the_header(models, tmp_path, capsys)
 
     target = Target.load(models["target"], "float32")
     torch.manual_seed(0)
-    save_medusa(tmp_path / "heads", MedusaHeads.for_target(target, 3, num_layers=1), target)
+    recipe = {"epochs": 1, "max_steps": 3, "lr": 0.01, "extra": {"variant": "tiny", "data": "not kept"}}
+    save_medusa(tmp_path / "heads", MedusaHeads.for_target(target, 3, num_layers=1), target, recipe)
     out = tmp_path / "r.jsonl"
     code, _, err = cli(["run", "--method", "medusa", "--bench", "humaneval", "--target", models["target"], "--dtype",
                         "float32", "--opt", f"path={tmp_path / 'heads'}", "--max-new-tokens", "8", "--limit", "1",
@@ -45,3 +46,5 @@ def test_cli_budget_reaches_the_drafter_and_the_header(models, tmp_path, capsys)
     assert code == 0, err
     header = read(out)[0]["meta"]
     assert header["budget"] == 3 and header["method_options"]["medusa"]["max_nodes"] == 3
+    # what trained the side's drafter (its folder's recipe, summarised), for the report's ablation groups
+    assert header["drafter_recipes"] == {"medusa": {"path": {"epochs": 1, "max_steps": 3, "lr": 0.01, "variant": "tiny"}}}

@@ -354,12 +354,62 @@ def test_ablations_group_variants_at_the_same_budget_and_sweeps_stay_apart():
     assert ablation_groups(side_infos({"also": labels}, labels)) == {
         "specblock": ["specblock", "specblock-uniform-tree"],
         "specblock@budget=16": ["specblock@budget=16", "specblock-no-shift@budget=16"]}
-    # A run's own label suffix (here: drafters trained one epoch) keeps its base apart from plain "specblock".
-    meta = {"also": ["specblock-no-shift@label=specblock-no-shift (400 steps)"], "method": "specblock",
-            "label": "specblock (400 steps)"}
-    labels = ["specblock (400 steps)", "specblock-no-shift (400 steps)", "specblock", "vanilla"]
+
+
+SHORT, LONG = {"epochs": 1, "max_steps": 400}, {"epochs": 2, "max_steps": None}  # two drafter recipes
+
+
+def test_ablations_group_by_how_their_drafters_trained_never_by_their_labels():
+    """Each label's suffix says the opposite of how its drafter trained: the header's drafter_recipes group the
+    sides (a stem would pair 'specblock (short)' with 'specblock-no-shift (short)')."""
+    from specbench.analysis.report import ablation_groups, side_infos
+    sides = {"specblock (short)": ("specblock", SHORT), "specblock (long)": ("specblock", LONG),
+             "specblock-no-shift (short)": ("specblock-no-shift", LONG),
+             "specblock-no-broadcast (long)": ("specblock-no-broadcast", SHORT)}
+    meta = {"side_specs": [{"method": m, "options": {}, "name": label, "shown": []} for label, (m, _) in sides.items()],
+            "drafter_recipes": {label: {"path": recipe} for label, (_, recipe) in sides.items()},
+            "method_options": {label: {"path": "", "budget": 16} for label in sides}}
+    infos = side_infos(meta, list(sides))
+    assert infos["specblock (short)"].trained == (("path", "400 steps"),)
+    assert infos["specblock-no-shift (short)"].trained == (("path", "2 epochs"),)
+    assert ablation_groups(infos) == {"specblock (long)": ["specblock (long)", "specblock-no-shift (short)"],
+                                      "specblock (short)": ["specblock (short)", "specblock-no-broadcast (long)"]}
+    # The node budget a side ran with splits a group too; a group without a base side is named by its key.
+    meta["method_options"]["specblock-no-shift (short)"]["budget"] = 32
+    assert ablation_groups(side_infos(meta, list(sides))) == {
+        "specblock (short)": ["specblock (short)", "specblock-no-broadcast (long)"],
+        "specblock@budget=32 (2 epochs)": ["specblock-no-shift (short)"]}
+
+
+def test_ablations_of_an_older_header_read_the_recipe_of_their_drafter_folders(tmp_path: Path, monkeypatch):
+    """A header written before drafter_recipes: the recipe of the folder its weights name (or, without weights,
+    its method_options path names); with neither, sides group by method and options alone."""
+    from specbench.analysis.report import ablation_groups, side_infos
+    monkeypatch.setenv("SPECBENCH_DRAFTERS", str(tmp_path))
+    for name, recipe in (("short", SHORT), ("long", LONG)):
+        (tmp_path / "tiny" / name).mkdir(parents=True)
+        (tmp_path / "tiny" / name / "config.json").write_text(
+            json.dumps({"method": "specblock", "recipe": {**recipe, "extra": {"variant": name}}}))
+
+    def source(name: str) -> dict:
+        return {"path": {"spec": f"tiny/{name}", "path": f"tiny/{name}", "root": "drafters", "sha": None}}
+
+    meta = {"method": "specblock", "label": "specblock (a)",
+            "also": ["specblock-no-shift@label=specblock-no-shift (a)", "specblock@label=specblock (b)",
+                     "specblock-no-broadcast@label=specblock-no-broadcast (b)"],
+            "weights": {"drafters": {"specblock (a)": source("short"), "specblock-no-shift (a)": source("long"),
+                                     "specblock (b)": source("long")}},
+            "method_options": {"specblock-no-broadcast (b)": {"path": str(tmp_path / "tiny" / "short")}}}
+    labels = ["specblock (a)", "specblock-no-shift (a)", "specblock (b)", "specblock-no-broadcast (b)"]
     assert ablation_groups(side_infos(meta, labels)) == {
-        "specblock (400 steps)": ["specblock (400 steps)", "specblock-no-shift (400 steps)"]}
+        "specblock (a)": ["specblock (a)", "specblock-no-broadcast (b)"],
+        "specblock (b)": ["specblock (b)", "specblock-no-shift (a)"]}
+    for key in ("weights", "method_options"):
+        del meta[key]
+    infos = side_infos(meta, labels)
+    assert {info.trained for info in infos.values()} == {()}
+    assert ablation_groups(infos) == {"specblock (a)": ["specblock (a)", "specblock (b)", "specblock-no-broadcast (b)",
+                                                        "specblock-no-shift (a)"]}
 
 
 def test_rank_head_table_from_confusion_counts(tmp_path: Path):

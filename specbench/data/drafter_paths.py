@@ -1,15 +1,23 @@
 """Drafter folders in results headers, portable between clones: a local drafter under the drafter root
 (``$SPECBENCH_DRAFTERS`` when set, else the checkout's ``drafters/``) is written relative to it, with
 ``"root": "drafters"``; a reader resolves it against the drafter root of the clone it runs in, so a report
-made in another checkout reads that checkout's drafter cards, never the writer's absolute paths."""
+made in another checkout reads that checkout's drafter cards, never the writer's absolute paths.
+
+A drafter folder's ``config.json`` also holds the recipe that trained it; ``recipe_summary`` keeps the part that
+tells two drafters of one method apart (how long they trained, on what, which variant), which the results header
+records per side (``drafter_recipes``) and the report groups ablations by."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any, Mapping
 
 ROOT_ENV = "SPECBENCH_DRAFTERS"
 ROOT_MARK = "drafters"  # a source's "root": its "path" is relative to the drafter root
+RECIPE_KEYS = ("epochs", "max_steps", "batch_size", "lr", "seed", "dtype")  # of config.json's "recipe"
+RECIPE_EXTRA_KEYS = ("variant", "train_examples")  # of its "recipe"."extra"
 
 
 def drafter_roots() -> list[Path]:
@@ -64,3 +72,34 @@ def resolve(source: dict) -> Path | None:
             if (root / tail / "config.json").is_file():
                 return root / tail
     return None
+
+
+def recipe_summary(folder: str | Path | None) -> dict[str, Any] | None:
+    """What trained the drafter in ``folder``: its config.json recipe's schedule and data fields (``RECIPE_KEYS``,
+    ``RECIPE_EXTRA_KEYS``, those it has), or None for a folder without a readable recipe (a hub model, a GGUF file)."""
+    if folder is None:
+        return None
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, RecursionError, json.JSONDecodeError):
+        return None
+    recipe = config.get("recipe") if isinstance(config, dict) else None
+    if not isinstance(recipe, dict):
+        return None
+    extra = recipe.get("extra") if isinstance(recipe.get("extra"), dict) else {}
+    return {**{k: recipe[k] for k in RECIPE_KEYS if k in recipe}, **{k: extra[k] for k in RECIPE_EXTRA_KEYS if k in extra}}
+
+
+def folder_recipes(sources: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Weights option -> ``recipe_summary`` of the folder its header source names (``resolve``), for the options
+    whose folder has a recipe."""
+    found = {str(name): recipe_summary(resolve(source)) for name, source in sources.items() if isinstance(source, dict)}
+    return {name: recipe for name, recipe in found.items() if recipe is not None}
+
+
+def training_budget(recipe: Mapping[str, Any]) -> str:
+    """How long a recipe trained: '400 steps' (a step cap) or '2 epochs' (its whole schedule)."""
+    if recipe.get("max_steps"):
+        return f"{recipe['max_steps']} steps"
+    epochs = recipe.get("epochs", "?")
+    return f"{epochs} epoch{'' if epochs == 1 else 's'}"

@@ -84,6 +84,14 @@ def weights_metadata(target: Target, sides: list[tuple[str, Drafter]]) -> dict:
                          for label, d in sides}}
 
 
+def drafter_recipes(weights: dict) -> dict:
+    """Side label -> weights option -> what trained the drafter folder it loaded (``weights_metadata``'s sources,
+    ``drafter_paths.folder_recipes``), so the report tells drafters of one method apart by their recipe; sides
+    without such a folder are left out."""
+    return {label: recipes for label, sources in weights["drafters"].items()
+            if (recipes := drafter_paths.folder_recipes(sources))}
+
+
 def default_out(cfg: RunConfig) -> Path:
     target = Path(cfg.target).name.replace(".gguf", "")
     main = cfg.sides[0]
@@ -280,7 +288,8 @@ class Runner:
             baseline.setup(self.target)
             self.sides.append((BASELINE, baseline))
         prompt_format = self.target.chat.describe(self.target.tokenizer) if self.target.chat else None
-        env = {**environment_metadata(self.target.device), "weights": weights_metadata(self.target, self.sides),
+        weights = weights_metadata(self.target, self.sides)
+        env = {**environment_metadata(self.target.device), "weights": weights, "drafter_recipes": drafter_recipes(weights),
                "prompt_format": prompt_format, "dtype_reason": self.dtype_reason,
                **machine_load.start_fields(self.load_start)}
         if cfg.device_map:

@@ -4,8 +4,9 @@ label, family and ablation_of; the side's label stem and, for a point of a node-
 A side's method names come from the results header (``methods``, written by the runner from the
 method class); files written before that field existed are read through the method registry
 (``specbench.engine.registry.method_class``), never by typing method names here. What a side ran with
-comes from the header too: the side as the run declared it (``side_specs``, ``specbench.sides``) and the
-options its drafter ran with (``method_options``); a label is only ever shown, never parsed."""
+comes from the header too: the side as the run declared it (``side_specs``, ``specbench.sides``), the
+options its drafter ran with (``method_options``) and how its drafter was trained (``drafter_recipes``, or in
+older headers the recipe of the drafter folder its ``weights`` name); a label is only ever shown, never parsed."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
+from specbench.data import drafter_paths
 from specbench.engine import VANILLA  # noqa: F401 (the baseline's one name, re-exported for the report)
 from specbench.data.streams import stream_parts
 from specbench.sides import header_sides
@@ -84,21 +86,24 @@ def normalise_method(name: str) -> str:
 class MethodInfo:
     """What one side of a run is: ``method`` its registered name, ``label`` the method's display name,
     ``family`` its method family, ``ablation_of`` the registered method it ablates (None if none),
-    ``budget_option`` the method's node-budget option; of the side itself, ``stem`` its label's stem,
-    ``shown`` the options its label shows after the stem, ``budget`` its node budget when the side is a
-    point of a budget sweep (its label shows exactly its method's budget option), ``given`` the options the
-    run set (as declared) and ``ran`` every option its drafter ran with (``method_options``), values as text."""
+    ``budget_option`` the method's node-budget option, ``weight_options`` its options that name weights (with
+    their hub ``revision``); of the side itself, ``stem`` its label's stem (as declared), ``budget`` its node
+    budget when the side is a point of a budget sweep (its label shows exactly its method's budget option),
+    ``given`` the options the run set (as declared), ``ran`` every option its drafter ran with
+    (``method_options``), values as text, and ``trained`` how long each drafter it loaded trained (weights
+    option -> ``drafter_paths.training_budget`` of its recipe; empty where no recipe is known)."""
 
     method: str
     label: str
     family: str
     ablation_of: str | None = None
     budget_option: str | None = None
+    weight_options: tuple[str, ...] = ()
     stem: str = ""
-    shown: tuple[tuple[str, str], ...] = ()
     budget: int | None = None
     given: tuple[tuple[str, str], ...] = ()
     ran: tuple[tuple[str, str], ...] = ()
+    trained: tuple[tuple[str, str], ...] = ()
 
     @property
     def given_budget(self) -> int | None:
@@ -126,8 +131,9 @@ def registered_info(method: str) -> MethodInfo | None:
         except ImportError:
             return None
         names = cls.report_names()
+        weights = (*cls.weight_options, "revision") if cls.weight_options else ()  # methods/weights_options.py
         _REGISTERED[method] = MethodInfo(names["method"], names["label"], names["family"], names["ablation_of"],
-                                         cls.budget_option)
+                                         cls.budget_option, weights)
     return _REGISTERED[method]
 
 
@@ -144,7 +150,8 @@ def _method_info(meta: Mapping, label: str, method: str) -> MethodInfo:
         registered = registered_info(method)
         option = entry.get("budget_option", registered.budget_option if registered else None)
         return MethodInfo(method, str(entry.get("label") or method), str(entry.get("family") or method),
-                          entry.get("ablation_of") or None, option or None)
+                          entry.get("ablation_of") or None, option or None,
+                          registered.weight_options if registered else ())
     return registered or _unknown(method)
 
 
@@ -176,11 +183,29 @@ def option_defaults(method: str) -> dict[str, str]:
     return _DEFAULTS[method]
 
 
+def drafter_recipes(meta: Mapping, label: str, weight_options: Iterable[str] = ()) -> dict[str, Mapping]:
+    """Weights option -> the recipe of the drafter side ``label`` loaded (``drafter_paths.recipe_summary``): the
+    header's ``drafter_recipes``; in a header written before them, the recipe of the folder its ``weights`` name
+    (resolved in this clone), else of a folder its ``method_options`` name (an empty one, the method's default
+    folder, is recorded only in ``weights``). A drafter without a known recipe is left out."""
+    if isinstance(meta.get("drafter_recipes"), Mapping):
+        recorded = meta["drafter_recipes"].get(label)
+        return {str(k): v for k, v in recorded.items() if isinstance(v, Mapping)} if isinstance(recorded, Mapping) \
+            else {}
+    sources = ((meta.get("weights") or {}).get("drafters") or {}).get(label)
+    if not isinstance(sources, Mapping):
+        ran = (meta.get("method_options") or {}).get(label)
+        ran = ran if isinstance(ran, Mapping) else {}
+        sources = {name: {"path": str(ran[name])} for name in weight_options if ran.get(name)}
+    return drafter_paths.folder_recipes(sources)
+
+
 def side_infos(meta: Mapping, labels: Iterable[str]) -> dict[str, MethodInfo]:
     """MethodInfo of every side label in ``labels``, read from the header: the side as the run declared it
     (``specbench.sides.header_sides``), its method's names (``methods``, else the registry), and the options
-    its drafter ran with (``method_options``). A label the header does not declare is a side of the method
-    of that name (its own label, family and no ablation when no method is)."""
+    its drafter ran with (``method_options``) and how long its drafters trained (``drafter_recipes``). A label
+    the header does not declare is a side of the method of that name (its own label, family and no ablation
+    when no method is)."""
     sides = header_sides(meta)
     ran = meta.get("method_options") or {}
     out = {}
@@ -189,13 +214,15 @@ def side_infos(meta: Mapping, labels: Iterable[str]) -> dict[str, MethodInfo]:
         entry = (meta.get("methods") or {}).get(label)
         method = side.method if side else str(entry.get("method") or label) if isinstance(entry, Mapping) else label
         info = _method_info(meta, label, method)
-        shown = tuple((key, str(side.options[key])) for key in side.shown) if side else ()
         options = ran.get(label) if isinstance(ran.get(label), Mapping) else {}
         budget = None
         if side and info.budget_option and side.shown == (info.budget_option,):
             budget = _whole(options.get(info.budget_option, side.options.get(info.budget_option)))
-        out[label] = dataclasses.replace(info, stem=side.stem if side else label, shown=shown, budget=budget,
-                                         given=_texts(side.options if side else {}), ran=_texts(options))
+        trained = tuple(sorted((name, drafter_paths.training_budget(recipe))
+                               for name, recipe in drafter_recipes(meta, label, info.weight_options).items()))
+        out[label] = dataclasses.replace(info, stem=side.stem if side else label, budget=budget,
+                                         given=_texts(side.options if side else {}), ran=_texts(options),
+                                         trained=trained)
     return out
 
 

@@ -256,27 +256,43 @@ def companion_table(cells: pd.DataFrame, provenance: Sequence[str] = ()) -> Tabl
                  columns, [], sections, data, notes, list(provenance), align="ll" + "r" * 11)
 
 
-def ablation_groups(sides: Mapping[str, MethodInfo]) -> dict[str, list[str]]:
-    """Side labels grouped for the ablation table, keyed by the base label (``specblock``,
-    ``specblock@budget=16`` or ``specblock (400 steps)``): every side whose method declares ``ablation_of``
-    joins its base method's group with the same label suffix (what follows the method name: a node
-    budget, or which drafters a run compared), with the sides of the base method itself; groups without an
-    ablation are left out. Labels differing only in budget form a sweep (its own figure), not an ablation."""
-    def key(label: str, method: str) -> str:
-        info = sides[label]
-        if info.stem.startswith(info.method):  # "specblock-no-shift (400 steps)" -> "specblock (400 steps)"
-            return method + info.stem[len(info.method):] + "".join(f"@{k}={v}" for k, v in info.shown)
-        # a stem of its own: only its node budget groups it
-        return method + (f"@budget={info.budget}" if info.budget is not None else "")
+def ablation_key(info: MethodInfo, method: str) -> tuple:
+    """What a side of ``method`` (its own, or the method it ablates) is compared like with like by, all from the
+    header: how long each of its drafters trained (``MethodInfo.trained``, from their recipes), the node budget it
+    ran with, and the other options its run set (values as it ran them; its weights options aside, since its
+    drafters are compared by their recipes)."""
+    budget = info.option(info.budget_option) if info.budget_option else None
+    apart = {*info.weight_options, info.budget_option}
+    options = tuple(sorted((key, info.option(key)) for key, _ in info.given if key not in apart))
+    return method, info.trained, budget, options
 
-    groups: dict[str, set[str]] = {}
+
+def _group_name(key: tuple) -> str:
+    """A group without a base side is shown as its base method, node budget, options and training."""
+    method, trained, budget, options = key
+    return (method + (f"@budget={budget}" if budget is not None else "") + "".join(f"@{k}={v}" for k, v in options)
+            + (f" ({', '.join(dict(trained).values())})" if trained else ""))
+
+
+def ablation_groups(sides: Mapping[str, MethodInfo]) -> dict[str, list[str]]:
+    """Side labels grouped for the ablation table, keyed by the group's base side (the label of a side of the
+    base method itself, e.g. ``specblock (400 steps)``; ``_group_name`` when none ran): every side whose method
+    declares ``ablation_of`` joins the sides of its base method with the same ``ablation_key`` (drafters trained
+    as long, the same node budget and options), read from the header, never from a label; groups without an
+    ablation are left out. Sides differing only in budget form a sweep (its own figure), not an ablation."""
+    groups: dict[tuple, set[str]] = {}
     for label, info in sides.items():
         if info.ablation_of:
-            groups.setdefault(key(label, info.ablation_of), set()).add(label)
+            groups.setdefault(ablation_key(info, info.ablation_of), set()).add(label)
+    bases: dict[tuple, list[str]] = {}
     for label, info in sides.items():
-        if not info.ablation_of and label != VANILLA and key(label, info.method) in groups:
-            groups[key(label, info.method)].add(label)
-    return {k: sorted(v, key=lambda m: (m != k, m)) for k, v in sorted(groups.items())}
+        if not info.ablation_of and info.method != VANILLA and (key := ablation_key(info, info.method)) in groups:
+            bases.setdefault(key, []).append(label)
+    out = {}
+    for key, labels in groups.items():
+        name = min(bases[key]) if key in bases else _group_name(key)
+        out[name] = sorted(labels | set(bases.get(key, ())), key=lambda m: (m != name, m))
+    return dict(sorted(out.items()))
 
 
 def ablation_table(cells: pd.DataFrame, sides: Mapping[Block, Mapping[str, MethodInfo]],
