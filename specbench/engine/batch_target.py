@@ -48,7 +48,7 @@ class PackedRows:
     rows: list[int]  # real rows per request (root + nodes); the rest of its Q are padding
     ids: torch.Tensor  # [B, Q]
     positions: torch.Tensor  # [B, Q]
-    mask: torch.Tensor  # additive [B, 1, Q, width + Q]
+    mask: torch.Tensor | None  # additive [B, 1, Q, width + Q]; None: one request's chain (the causal kernel)
     trees: list[DraftTree] | None = None  # the target's compile: the trees the walk follows
 
 
@@ -59,6 +59,12 @@ def pack_rows(blocks: Sequence[tuple[Sequence[int], Sequence[int]]], cache: Ragg
     if len(blocks) != len(cache):
         raise ValueError(f"{len(blocks)} blocks for a cache of {len(cache)} requests")
     q = max(len(ids) for ids, _ in blocks)
+    if len(blocks) == 1 and cache.width == cache.lengths[0] and list(blocks[0][1]) == list(range(-1, q - 2)):
+        # One request, a chain, no dead column: batch 1's own forward (the causal kernel, no mask), so that the
+        # batched loop at B = 1 computes what the one-request loop computes, rounding included.
+        ids = torch.as_tensor([list(blocks[0][0])]).to(device)
+        positions = torch.arange(cache.width, cache.width + q, device=device)[None]
+        return PackedRows(cache.width, [q], ids, positions, None)
     host = torch.empty(len(blocks), 2 * q - 1, dtype=torch.long)
     for b, (ids, parents) in enumerate(blocks):
         n = len(ids)
@@ -132,7 +138,8 @@ class BatchTarget:
     def verify(self, packed: PackedRows, taps: Sequence[int] = (),
                timer: PhaseTimer = NULL_TIMER) -> list[TargetOutput]:
         """ONE forward over every request's rows; per request, the logits and taps of its real rows."""
-        out = forward_rows(self.target.model, self.cache, packed, taps, timer)
+        with self.target._attention(self.target.chain_attn if packed.mask is None else None):
+            out = forward_rows(self.target.model, self.cache, packed, taps, timer)
         return [TargetOutput(out.logits[b, :n], {i: out.hidden_states[i][b, :n] for i in taps})
                 for b, n in enumerate(packed.rows)]
 
