@@ -105,12 +105,12 @@ def test_bf16_batched_flips_are_explained_with_batched_gaps(capsys):
     target = Target(tiny_llama(0, vocab=VOCAB, init=0.05).to(torch.bfloat16), None, "tiny-bf16")
     rescorer, layers = Rescorer(target), divergence.layers_of(target.model)
     gen = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(0, VOCAB, (n,), generator=gen).tolist() for n in (3, 11, 6, 17, 8, 4, 14, 9)]
+    prompts = [torch.randint(0, VOCAB, (n,), generator=gen).tolist() for n in [3, 11, 6, 17, 8, 4, 14, 9] * 4]
     judged = []
     for size in (2, 4):
-        vanilla = _batched(target, VanillaDrafter(), prompts, size, 40)
+        vanilla = _batched(target, VanillaDrafter(), prompts, size, 64)
         method = _batched(target, RandomTreeDrafter(RandomTreeOptions(nodes=8, seed=1), oracle=target.model),
-                          prompts, size, 40)
+                          prompts, size, 64)
         for prompt, ours, base in zip(prompts, method, vanilla):
             d = classify(ours.new_tokens, base.new_tokens, ours.top_logits, base.top_logits, target.dtype, layers)
             if divergence.rescorable(d):

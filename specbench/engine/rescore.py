@@ -26,7 +26,7 @@ from specbench.engine.target import Target
 from specbench.errors import SpecbenchError
 
 VERIFY_ROWS = (1, 2, 4, 8, 16)  # rows of the verifies whose last path row is the flip's position
-BATCH_ROWS = (1, 2, 4, 8, 16)  # rows per verify of the batched replays (1: vanilla's batched decode)
+BATCH_ROWS = (1, 2, 4)  # rows per verify of the batched replays (1: vanilla's batched decode)
 EXACT_DTYPES = {"float32": torch.float32, "float64": torch.float64}  # what the exact forward may run in
 
 
