@@ -71,6 +71,15 @@ shared prefix (the prompt and the tokens both sides committed before i) is re-sc
   ``prefill_tree_r``, r = 1, 2, 4, 8, 16). Chains run the causal kernel, trees (a and b as two leaves under the
   path's last row) the masked one. A method's logits at i depend on how its cache was built, not only on its
   last verify: on SmolLM2-135M in bf16 the prefilled caches alone missed a flip that the stepped ones reproduce;
+  a record of a batched run (``batch``, size B > 1: its requests verified in one forward over a right-padded
+  cache, and vanilla's turn decoded in the same batches) adds the same in batched shapes, for B = its batch size
+  and its mean number of active requests rounded (``batch_sizes``): the method's verifies (``batch{B}_method``)
+  and verifies of r rows each (``batch{B}_chain_r``, r = 1, 2, 4, r = 1 being vanilla's batched decode;
+  ``batch{B}_tree_r``, r > 1), every forward shared with B − 1 neighbours (copies of the prompt a few tokens
+  longer and shorter, verifying the same tokens), the right-padded cache, masks and positions built by the
+  re-scorer, not by the engine's batch path. A batched forward's matrix products have B·Q rows and its
+  attention the padded width, so it rounds otherwise than batch 1 (on tiny random models on a CPU, the 13 flips
+  of bf16 runs at B = 2 and 4 were near-ties with batch 1's gaps alone, and stay so);
 * the position's noise N = max(max_g |g − e|, u·(|l[a]| + |l[b]|)): how far correct forwards in the run's dtype
   land from e at this very position, never less than one rounding of each of the two logits into the dtype (a
   stored logit is off by up to u of its size whatever computed it, so two logits within that of each other may

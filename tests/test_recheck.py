@@ -15,9 +15,9 @@ EXACT_KEYS = ("old_status", "rule", "exact_margin", "exact_logits", "exact_dtype
 METHOD = "lookahead"  # a training-free method whose tree verifies run on the tiny target
 
 
-def _bf16_run(models, out: Path, capsys, bench: str = "mt_bench", limit: int = 3) -> None:
+def _bf16_run(models, out: Path, capsys, bench: str = "mt_bench", limit: int = 3, *extra: str) -> None:
     args = ["run", "--method", METHOD, "--bench", bench, "--target", models["target"], "--dtype", "bfloat16",
-            "--max-new-tokens", "16", "--limit", str(limit), "--out", str(out), "--no-warmup"]
+            "--max-new-tokens", "16", "--limit", str(limit), "--out", str(out), "--no-warmup", *extra]
     code, _, err = cli(args, capsys)
     assert code == 0, err
 
@@ -124,6 +124,25 @@ def test_a_bf16_run_writes_what_recheck_writes(models, tmp_path, capsys):
     lines = ran.read_bytes().splitlines(keepends=True)
     judged = [i for i, line in enumerate(lines) if b'"rule": "exact"' in line]
     assert_rechecks_to(lines, sum(b"method_token" in lines[i] for i in judged), tmp_path, capsys)
+
+
+def test_a_batched_runs_flip_is_replayed_in_its_batch_shapes(models, tmp_path, capsys):
+    """A flip of a batched run is re-scored with its record's batch shapes too (``batch``: B = 2 here), and the
+    run writes what recheck writes."""
+    ran = tmp_path / "ran.jsonl"
+    _bf16_run(models, ran, capsys, "mt_bench", 2, "--batch-size", "2")
+    lines = [_as_before(line) for line in ran.read_bytes().splitlines(keepends=True)]
+    first, _ = _plant_flip(lines)
+    assert json.loads(lines[first])["batch"]["size"] == 2
+    old = tmp_path / "old.jsonl"
+    old.write_bytes(b"".join(lines))
+    code, _, err = cli(["recheck", str(old)], capsys)
+    assert code == 0, err
+    gaps = json.loads(old.read_bytes().splitlines()[first])["divergence"]["gaps"]
+    assert {"batch2_method", "batch2_chain_1", "batch2_tree_2", "chain_2", "decode"} <= set(gaps)
+    ran_lines = ran.read_bytes().splitlines(keepends=True)
+    judged = [i for i, line in enumerate(ran_lines) if b'"rule": "exact"' in line]
+    assert_rechecks_to(ran_lines, sum(b"method_token" in ran_lines[i] for i in judged), tmp_path, capsys)
 
 
 def test_recheck_refuses_in_one_line(models, tmp_path, capsys):

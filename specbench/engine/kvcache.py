@@ -30,6 +30,13 @@ def seq_length(cache) -> int:
     return int(cache.get_seq_length())
 
 
+def pairs(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(keys, values) of every layer, [B, heads, S, d] each, on both layouts."""
+    if hasattr(cache, "layers"):
+        return [(layer.keys, layer.values) for layer in cache.layers]
+    return list(zip(cache.key_cache, cache.value_cache))  # transformers < 4.54
+
+
 def _compact(t: torch.Tensor, start: int, rows: torch.Tensor | None, new_len: int) -> torch.Tensor:
     if rows is None:
         return t[:, :, :new_len]
