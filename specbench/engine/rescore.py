@@ -138,6 +138,13 @@ class PlainBatch:
             self.lengths.append(len(prompt))
         view.reset()
 
+    def copy(self) -> "PlainBatch":
+        """The same requests at their prefilled lengths, for another replay (``run`` rebinds, never writes into, the
+        tensors it was given, so the prefills are shared, not redone)."""
+        twin = copy.copy(self)
+        twin.kv, twin.lengths = list(self.kv), list(self.lengths)
+        return twin
+
     def inputs(self, blocks: Sequence[Rows]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(ids [B, Q], positions [B, Q], seen [B, Q, width + Q] bool) of one forward, on the host."""
         width, q = max(self.lengths), max(len(rows.tokens) for rows in blocks)
@@ -205,7 +212,7 @@ def decode_gap(plain: PlainForwards, prompt_ids: Sequence[int], tokens: Sequence
 
 def _method_steps(tokens: Sequence[int], position: int, a: int, tree_sizes: Sequence[int],
                   accept_lengths: Sequence[int], masked: bool) -> list[Rows]:
-    """The method's verifies up to the one that chose ``position`` (``method_gap``), each keeping its path;
+    """The method's verifies up to the one that chose ``position`` (``steps_gap``), each keeping its path;
     empty when the record's verifies do not reach ``position``."""
     steps, start = [], 0  # start: the index in ``tokens`` of the next verify's root (token 0 came from the prefill)
     for size, accepted in zip(tree_sizes, accept_lengths):
@@ -222,15 +229,11 @@ def _method_steps(tokens: Sequence[int], position: int, a: int, tree_sizes: Sequ
     return []
 
 
-def method_gap(plain: PlainForwards, prompt_ids: Sequence[int], tokens: Sequence[int], position: int, a: int,
-               b: int, tree_sizes: Sequence[int], accept_lengths: Sequence[int], masked: bool) -> float | None:
-    """The method's own shapes replayed correctly: the prompt's prefill, then per verify of its record a
-    forward of as many rows (its committed tokens as the path, the rest as leaves under the root, or as the
-    chain's tail when ``masked`` is False), the path kept; the gap at ``position`` from the verify that chose
-    it. None when the record's verifies do not reach ``position``."""
-    steps = _method_steps(tokens, position, a, tree_sizes, accept_lengths, masked)
-    if not steps:
-        return None
+def steps_gap(plain: PlainForwards, prompt_ids: Sequence[int], steps: Sequence[Rows], a: int, b: int) -> float:
+    """The method's own shapes replayed correctly (``_method_steps``: per verify of its record a forward of as
+    many rows, its committed tokens as the path, the rest as leaves under the root, or as the chain's tail when
+    it never drafted a tree, the path kept): the prompt's prefill, then those verifies; the gap at the position
+    the last of them chose."""
     plain.prefill(prompt_ids)
     for rows in steps:
         logits = plain.run(rows)
@@ -276,31 +279,37 @@ def neighbour_prompts(prompt_ids: Sequence[int], count: int) -> list[list[int]]:
     return out
 
 
-def batched_replay(view: Target, prompt_ids: Sequence[int], size: int, steps: Sequence[Rows]) -> torch.Tensor:
-    """Our request's verifies ``steps`` in a batch of ``size``: each in ONE forward (``PlainBatch``) beside
-    ``size`` − 1 neighbours (``neighbour_prompts``) that verify the same root and path as a chain at their own
-    positions (so a tree of ours pads their rows); the logits of our rows in the last forward."""
-    ours = size // 2  # neither first nor last where B > 2
+def neighbour_batch(view: Target, prompt_ids: Sequence[int], size: int) -> tuple[PlainBatch, int]:
+    """Our prompt and ``size`` − 1 neighbours (``neighbour_prompts``) prefilled as a ``PlainBatch``, and our index in
+    it (neither first nor last where B > 2); every batched replay of a flip starts from a copy of it."""
+    ours = size // 2
     prompts = neighbour_prompts(prompt_ids, size - 1)
     prompts.insert(ours, [int(t) for t in prompt_ids])
-    batch = PlainBatch(view, prompts)
+    return PlainBatch(view, prompts), ours
+
+
+def batched_replay(prefilled: PlainBatch, ours: int, steps: Sequence[Rows]) -> torch.Tensor:
+    """Our request's verifies ``steps`` in the batch ``prefilled`` (a copy of it): each in ONE forward beside the
+    neighbours, which verify the same root and path as a chain at their own positions (so a tree of ours pads
+    their rows); the logits of our rows in the last forward."""
+    batch = prefilled.copy()
     for rows in steps:
         chain = block(rows.tokens[0], rows.tokens[1:rows.keep])
-        logits = batch.run([rows if b == ours else chain for b in range(size)])
+        logits = batch.run([rows if b == ours else chain for b in range(len(batch.lengths))])
     return logits[ours]
 
 
-def batched_gaps(view: Target, prompt_ids: Sequence[int], tokens: Sequence[int], position: int, rows: int,
-                 a: int, b: int, size: int) -> dict[str, float]:
-    """``stepped_gaps`` in a batch of ``size`` (``batched_replay``): the committed tokens through verifies of
-    ``rows`` rows each, as chains (``batch{B}_chain_r``; r = 1 is vanilla's batched decode) and, for r > 1, as
-    trees with a and b as two leaves under each path's last row (``batch{B}_tree_r``)."""
+def batched_gaps(prefilled: PlainBatch, ours: int, tokens: Sequence[int], position: int, rows: int, a: int,
+                 b: int) -> dict[str, float]:
+    """``stepped_gaps`` in the batch ``prefilled`` of B requests (``batched_replay``): the committed tokens through
+    verifies of ``rows`` rows each, as chains (``batch{B}_chain_r``; r = 1 is vanilla's batched decode) and, for
+    r > 1, as trees with a and b as two leaves under each path's last row (``batch{B}_tree_r``)."""
     chunks = _chunks(tokens, position, rows)
     out = {}
     for name, leaves in (("chain", ()), ("tree", (a, b)))[:1 if rows == 1 else 2]:
         steps = [block(chunk[0], chunk[1:], leaves, leaf_parent=len(chunk) - 1) for chunk in chunks]
-        logits = batched_replay(view, prompt_ids, size, steps)
-        out[f"batch{size}_{name}_{rows}"] = _gap(logits[rows - 1], a, b)
+        logits = batched_replay(prefilled, ours, steps)
+        out[f"batch{len(prefilled.lengths)}_{name}_{rows}"] = _gap(logits[rows - 1], a, b)
     return out
 
 
@@ -352,7 +361,7 @@ class Rescorer:
         """The figures of the flip at ``position`` (method token ``a``, vanilla token ``b``) after ``prompt_ids``
         and the committed ``tokens`` before it: exact_margin, exact_logits, exact_dtype, gaps and
         replay_mismatches (``decode_gap``). ``shapes``: the method record's ``tree_sizes``,
-        ``accept_lengths`` and ``chain_calls``, whose verifies ``method_gap`` replays, and its ``batch``
+        ``accept_lengths`` and ``chain_calls``, whose verifies ``steps_gap`` replays, and its ``batch``
         (a batched record: the same replays in its batch shapes, ``batch_sizes``)."""
         prefix = [int(t) for t in prompt_ids] + [int(t) for t in tokens[:position]]
         la, lb = exact_logits(self.exact, prefix, a, b)
@@ -364,9 +373,8 @@ class Rescorer:
             sizes, accepts = shapes["tree_sizes"], shapes["accept_lengths"]
             masked = shapes.get("chain_calls", -1) != len(sizes)  # a tree at least once (or not recorded)
             steps = _method_steps(tokens, position, a, sizes, accepts, masked)
-            found = method_gap(plain, prompt_ids, tokens, position, a, b, sizes, accepts, masked)
-            if found is not None:
-                gaps["method"] = found
+            if steps:  # None of the record's verifies reach ``position``: no method gap
+                gaps["method"] = steps_gap(plain, prompt_ids, steps, a, b)
         for rows in VERIFY_ROWS:
             if 1 < rows <= position:  # one row at a time: the decode steps
                 gaps.update(stepped_gaps(plain, prompt_ids, tokens, position, rows, a, b))
@@ -385,12 +393,13 @@ class Rescorer:
         """The gaps at ``position`` from forwards in a batch of ``size``: the method's verifies ``steps``
         (``batch{B}_method``) and ``batched_gaps`` for r in ``BATCH_ROWS``."""
         gaps = {}
+        prefilled, ours = neighbour_batch(self.view, prompt_ids, size)  # B prefills, shared by every replay below
         if steps:
-            logits = batched_replay(self.view, prompt_ids, size, steps)
+            logits = batched_replay(prefilled, ours, steps)
             gaps[f"batch{size}_method"] = _gap(logits[steps[-1].keep - 1], a, b)
         for rows in BATCH_ROWS:
             if rows <= position:
-                gaps.update(batched_gaps(self.view, prompt_ids, tokens, position, rows, a, b, size))
+                gaps.update(batched_gaps(prefilled, ours, tokens, position, rows, a, b))
         return gaps
 
     def judge(self, entry: dict, prompt_ids: Sequence[int], record) -> dict:
