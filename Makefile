@@ -10,7 +10,7 @@ export SPECBENCH_DATA ?= $(wildcard $(abspath ../shared/datasets))
 SRC     := PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}
 GPU_METHODS ?=
 
-.PHONY: setup setup-suffix test test-fast bench report run clean gpu-check reference drafters parity
+.PHONY: setup setup-suffix test test-fast bench report run clean gpu-check gpu-batch reference drafters parity
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -48,6 +48,11 @@ gpu-check:
 	$(SRC) $(PY) -m pytest -m gpu -rs
 	$(SRC) $(PY) bench/timing_overhead.py --device cuda
 	$(SRC) $(PY) bench/gpu_check.py --device cuda $(if $(GPU_METHODS),--methods $(GPU_METHODS))
+
+# On a GPU, after gpu-check: the reference set's bf16 batch sweeps (B = 1-16, results/gpu/batch-bf16_*).
+gpu-batch:
+	$(SRC) $(PY) bench/gpu_check.py --device cuda --batch
+	$(SRC) $(PY) -m specbench report 'results/gpu/batch-bf16_*.jsonl' --out-dir results/gpu/reports
 
 run:
 	$(VENV)/bin/specbench run --method specblock --bench humaneval --limit 3 --max-new-tokens 64 --budget 16 --out runs/quickstart.jsonl

@@ -1,11 +1,13 @@
 """`make gpu-check`, second half: a short `specbench run` per method on the default target with the
-shipped drafters (drafters/smollm2-135m/*), records under results/gpu/, then one summary table.
+shipped drafters (drafters/smollm2-135m/*), records under results/gpu/, then one summary table. With
+--batch (`make gpu-batch`): the reference set's bf16 batch group instead (B = 1-16, both benches,
+results/gpu/batch-bf16_*), whose batch table `specbench report` prints.
 
 Tree sizes are the README's CPU-sized options, so the numbers compare with the committed CPU runs.
 Every method's drafter is shipped (the SpecBlock ablations' are the 400-step ones); a missing one fails
 its run with specbench's one-line error, which the summary lists.
 
-Usage: python bench/gpu_check.py [--device cuda] [--limit 5] [--max-new-tokens 64] [--methods sps,eagle3]
+Usage: python bench/gpu_check.py [--device cuda] [--limit 5] [--max-new-tokens 64] [--methods sps,eagle3] [--batch]
 """
 
 from __future__ import annotations
@@ -40,6 +42,34 @@ def cpu_sized(method: str) -> list[str]:
     return SPECBLOCK_CPU if registered and issubclass(method_class(method), SpecBlockDrafter) else []
 
 
+def batch_sweeps(device: str, out_dir: Path) -> list[tuple[Path, list[str]]]:
+    """The reference set's bf16 batch runs (its sides, sizes, prompts and tokens), on ``device``, into ``out_dir``."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("reference_set", REPO / "bench" / "reference_set.py")
+    reference = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reference)
+    group = reference.BATCH_GROUP + reference.BF16_SUFFIX
+    runs = []
+    for out, argv in reference.plan(limit=reference.BATCH_LIMIT, repeats=1, stream_limit=1, passes=1):
+        if Path(out).name.startswith(group + "_"):
+            argv = list(argv)
+            argv[argv.index("--out") + 1] = str(out_dir / Path(out).name)
+            runs.append((out_dir / Path(out).name, [*argv, "--device", device]))
+    return runs
+
+
+def run_batch_sweeps(device: str, out_dir: Path) -> None:
+    """Each sweep resumes where a stopped one ended; the first failure ends the check with its error."""
+    for out, argv in batch_sweeps(device, out_dir):
+        start = time.time()
+        run = subprocess.run([sys.executable, "-c", "from specbench.cli import main; main()", *argv])
+        print(f"{out.name}: {'ok' if run.returncode == 0 else 'FAIL'} in {time.time() - start:.0f}s", flush=True)
+        if run.returncode:
+            sys.exit(run.returncode)
+    print(f"batch table: specbench report '{out_dir}/batch-bf16_*.jsonl' --out-dir {out_dir}/reports")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda")
@@ -48,7 +78,11 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--methods", default="", help="comma-separated (default: every registered method)")
     ap.add_argument("--out-dir", default="results/gpu")
+    ap.add_argument("--batch", action="store_true", help="run the reference set's bf16 batch sweeps instead")
     args = ap.parse_args()
+    if args.batch:
+        run_batch_sweeps(args.device, Path(args.out_dir))
+        return
 
     methods = [m for m in (args.methods.split(",") if args.methods else available_methods()) if m and m != "vanilla"]
     out_dir = Path(args.out_dir)

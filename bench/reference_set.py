@@ -143,7 +143,9 @@ PAIR_SIDES = (f"sps@draft={PAIR_DRAFT}@label=sps",
 # The pair in fp32 on HumanEval wherever its main run is bf16: every method's text must equal vanilla's token for token
 # (bf16 texts part at near-ties), so the pair's correctness never rests on the near-tie rule alone. SpS at its default
 # and longest γ and SpS with its confidence stop; PACER's pre-verifier for the pair is trained per machine (not shipped:
-# over the size bound), and PACER's verify is SpS's; no A/A side: this run checks texts, the bf16 run times.
+# over the size bound), and PACER's verify is SpS's; no A/A side: this run checks texts, the bf16 run times. On a CPU
+# whose pair run is itself fp32 it runs when named (`--only pair-qwen2.5-coder-fp32`), to check the bf16 files
+# another machine made: an fp32 text check does not depend on the CPU's bf16 kernels.
 PAIR_FP32_GROUP = f"{PAIR_GROUP}-fp32"
 PAIR_FP32_SIDES = (f"sps@draft={PAIR_DRAFT}@label=sps",
                    [f"sps@draft={PAIR_DRAFT}@gamma=8@label=sps@gamma=8",
@@ -175,8 +177,10 @@ def learns(spec: str) -> bool:
     return method_class(parse_spec(spec).method).learns
 
 
-def plan(limit: int, repeats: int, stream_limit: int, passes: int) -> list[tuple[str, list[str]]]:
-    """(results file, specbench arguments) for every run of the reference set, in the order they run."""
+def plan(limit: int, repeats: int, stream_limit: int, passes: int,
+         pair_fp32: bool = False) -> list[tuple[str, list[str]]]:
+    """(results file, specbench arguments) for every run of the reference set, in the order they run; `pair_fp32`
+    plans the pair's fp32 text check even where the pair's own run is fp32."""
     runs = []
     # One node budget for every tree method (16 drafted nodes per verify: the issue's goals are stated there,
     # and this CPU's fp32 verify cost grows past it); the DDTree sweep's own budgets win in their labels.
@@ -226,7 +230,7 @@ def plan(limit: int, repeats: int, stream_limit: int, passes: int) -> list[tuple
         out = f"results/{PAIR_GROUP}_{bench}_{PAIR_TARGET}_T0.jsonl"
         runs.append((out, ["run", *sides(*PAIR_SIDES), "--bench", bench, "--limit", str(min(limit, PAIR_LIMIT)),
                            "--temperature", "0", "--out", out, *settings(PAIR_TARGET, pair_dtype)]))
-    if pair_dtype != "float32":
+    if pair_dtype != "float32" or pair_fp32:
         out = f"results/{PAIR_FP32_GROUP}_humaneval_{PAIR_TARGET}_T0.jsonl"
         runs.append((out, ["run", *sides(*PAIR_FP32_SIDES, aa=False), "--bench", "humaneval", "--limit",
                            str(min(limit, PAIR_LIMIT)), "--temperature", "0", "--out", out, *settings(PAIR_TARGET)]))
@@ -296,7 +300,8 @@ def main() -> None:
                              "0.5 CPU) from each planned file, so that its resumed run times them again")
     args = parser.parse_args()
     specbench = [sys.executable, "-m", "specbench"]
-    for out, argv in plan(args.limit, args.repeats, args.stream_limit, args.passes):
+    for out, argv in plan(args.limit, args.repeats, args.stream_limit, args.passes,
+                          pair_fp32=PAIR_FP32_GROUP in (args.only or [])):
         name = Path(out).name
         if args.only and not any(name.startswith(g + "_") or f"/{g}/" in out for g in args.only):
             continue

@@ -1,16 +1,19 @@
 """The GPU tier (`pytest -m gpu`, skipped without CUDA): every registered method greedy-equal to
-vanilla on CUDA in fp32 (bf16: match rate reported), T = 1 through the engine on CUDA (the
-generator lives on the GPU), the device-built tree mask, flash-attn chains, and timing sanity."""
+vanilla on CUDA in fp32 (bf16: match rate reported), every method that may share a batch greedy-equal
+per request through the batched loop on CUDA, T = 1 through the engine on CUDA (the generator lives on
+the GPU) alone and in batches, the device-built tree mask, flash-attn chains, and timing sanity."""
 
 from __future__ import annotations
 
 import time
+from collections import deque
 
 import pytest
 import torch
 
 from drafters import RandomTreeDrafter, RandomTreeOptions, SampledTreeDrafter, SampledTreeOptions, random_tree
 from specbench.engine.vanilla import VanillaDrafter
+from specbench.engine.batch_loop import BatchConfig, BatchRequest, generate_batch
 from specbench.engine.registry import available_methods, method_class
 from specbench.engine.loop import GenerationConfig, generate
 from specbench.engine.target import Target
@@ -124,6 +127,24 @@ def test_every_method_runs_in_bf16_on_cuda_with_match_rate(name):
     print(f"{name}: bf16 greedy match rate {matched / total:.3f}")
 
 
+@pytest.mark.parametrize("name", sorted(available_methods()))
+def test_every_batchable_method_is_lossless_per_request_in_cuda_batches(name):
+    """Mixed prompt lengths share static and continuous batches on the GPU (rows padded, per-request positions
+    and masks built there): each request's text equals its batch-1 vanilla text on CUDA."""
+    target, drafter = build(name)
+    if reason := drafter.batch_refusal():  # its refusal is tested on the CPU (test_batch_drafters.py)
+        pytest.skip(f"{name} {reason}")
+    target, drafter = on_cuda(target, drafter)
+    vanilla = ready(VanillaDrafter(), target)
+    config = GenerationConfig(max_new_tokens=32)
+    expected = [generate(target, vanilla, prompt, config).new_tokens for prompt in PROMPTS]
+    for batch in (BatchConfig(len(PROMPTS)), BatchConfig(2, continuous=True)):
+        queue = deque(BatchRequest(b, list(prompt), config) for b, prompt in enumerate(PROMPTS))
+        records = dict((request.key, record) for request, record in generate_batch(target, drafter, queue, batch))
+        assert [records[b].new_tokens for b in range(len(PROMPTS))] == expected, batch
+        assert all(r.batch["batched_drafting"] == drafter.batched_drafting for r in records.values())
+
+
 # ---- T = 1 through the engine on CUDA (generator on the GPU) -------------------------------------
 V = 8
 SAMPLES = 1_200
@@ -159,6 +180,29 @@ def test_sampling_through_the_engine_on_cuda_matches_target(make, rule):
         samples.append(tuple(generate(target, drafter, prompt, config).new_tokens[:2]))
     stat, pvalue = chi2_pvalue(samples, exact_first_two(target, prompt))
     print(f"chi2={stat:.1f} p={pvalue:.3f} n={SAMPLES}")
+    assert pvalue > 1e-3
+
+
+def test_batched_sampling_on_cuda_matches_target():
+    """SpS through the batched loop on CUDA: each counted request's first two tokens follow the target's law
+    while neighbours of other lengths and budgets join and leave its continuous batch."""
+    target, drafter = on_cuda(tiny_target(4, vocab=V, init=0.3),
+                              method_class("sps")(method_class("sps").Options(gamma=3), model=tiny_llama(5, vocab=V,
+                                                                                                       init=0.3)))
+    prompt, params = [1, 4, 2], SamplingParams(temperature=1.0)
+    queue = deque()
+    for seed in range(SAMPLES):
+        queue.append(BatchRequest(("counted", seed), prompt, GenerationConfig(max_new_tokens=2, sampling=params,
+                                                                             seed=seed)))
+        if seed % 2:
+            neighbour = [[2], [0, 1, 2, 3, 3, 2, 1], [3, 3, 3]][seed % 3]
+            queue.append(BatchRequest(("neighbour", seed), neighbour,
+                                      GenerationConfig(max_new_tokens=3 + seed % 5, sampling=params, seed=seed)))
+    samples = [tuple(record.new_tokens[:2]) for request, record in
+               generate_batch(target, drafter, queue, BatchConfig(4, continuous=True)) if request.key[0] == "counted"]
+    assert len(samples) == SAMPLES
+    stat, pvalue = chi2_pvalue(samples, exact_first_two(target, prompt))
+    print(f"batched chi2={stat:.1f} p={pvalue:.3f} n={SAMPLES}")
     assert pvalue > 1e-3
 
 

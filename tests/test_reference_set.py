@@ -171,15 +171,17 @@ def test_the_pair_group_runs_sps_and_its_variants_with_the_packaged_draft_beside
 def test_where_the_pair_runs_in_bf16_its_texts_are_also_checked_in_fp32(monkeypatch):
     module, _ = load_plan()
 
-    def fp32_runs(emulated: bool) -> list[list[str]]:
+    def fp32_runs(emulated: bool, named: bool = False) -> list[list[str]]:
         monkeypatch.setattr(module, "emulated_bf16", lambda device: emulated)
-        return [a for out, a in module.plan(8, 1, 8, 2) if module.PAIR_FP32_GROUP in out]
+        return [a for out, a in module.plan(8, 1, 8, 2, pair_fp32=named) if module.PAIR_FP32_GROUP in out]
 
     assert fp32_runs(emulated=True) == []  # a CPU without native bf16 runs the pair in fp32 already
     (argv,) = fp32_runs(emulated=False)
     assert argv[argv.index("--dtype") + 1] == "float32" and argv[argv.index("--bench") + 1] == "humaneval"
     assert argv[argv.index("--target") + 1] == module.PAIR_TARGET
     assert sides(argv) == ["sps", "sps@gamma=8", "sps-confidence"]  # texts only: no A/A side
+    # Named, it runs there too (to check bf16 files another machine made), with the same arguments.
+    assert fp32_runs(emulated=True, named=True) == [argv]
 
 
 def test_specblocks_two_bonus_row_readings_run_side_by_side_on_every_bench_in_fp32_and_bf16():
