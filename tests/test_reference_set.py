@@ -214,3 +214,23 @@ def test_the_batch_groups_sweep_the_main_methods_over_b_in_both_dtypes():
         # the methods that draft the batch at once beside the main ones drafting through per-request forks
         assert all(method_class(m)(parse_options(method_class(m), {})).batched_drafting for m in ("sps", "eagle3"))
         assert {"specblock", "eagle3", "sps", "pld"} <= set(methods(argv))
+
+
+def test_the_gpu_batch_sweeps_are_the_bf16_batch_groups_on_the_device():
+    """`make gpu-batch` (bench/gpu_check.py --batch) runs the plan's own bf16 sweeps, only moved to the device and
+    to its results folder: same sides, sizes, prompts and tokens."""
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT.parent / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    module, _ = load_plan()
+    group = module.BATCH_GROUP + module.BF16_SUFFIX
+    planned = {Path(out).name: argv for out, argv in module.plan(limit=module.BATCH_LIMIT, repeats=1, stream_limit=1,
+                                                                 passes=1) if Path(out).name.startswith(group + "_")}
+    sweeps = gpu_check.batch_sweeps("cuda", Path("results/gpu"))
+    assert sorted(out.name for out, _ in sweeps) == sorted(planned) and len(sweeps) == 2
+    for out, argv in sweeps:
+        assert out.parent == Path("results/gpu") and argv[argv.index("--out") + 1] == str(out)
+        assert argv[-2:] == ["--device", "cuda"] and argv[argv.index("--dtype") + 1] == "bfloat16"
+        expected = list(planned[out.name])
+        expected[expected.index("--out") + 1] = str(out)
+        assert argv[:-2] == expected
