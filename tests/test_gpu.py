@@ -140,7 +140,7 @@ def test_every_batchable_method_is_lossless_per_request_in_cuda_batches(name):
     expected = [generate(target, vanilla, prompt, config).new_tokens for prompt in PROMPTS]
     for batch in (BatchConfig(len(PROMPTS)), BatchConfig(2, continuous=True)):
         queue = deque(BatchRequest(b, list(prompt), config) for b, prompt in enumerate(PROMPTS))
-        records = dict((request.key, record) for request, record in generate_batch(target, drafter, queue, batch))
+        records = {request.key: record for request, record in generate_batch(target, drafter, queue, batch)}
         assert [records[b].new_tokens for b in range(len(PROMPTS))] == expected, batch
         assert all(r.batch["batched_drafting"] == drafter.batched_drafting for r in records.values())
 
