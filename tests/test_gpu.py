@@ -20,6 +20,7 @@ from specbench.engine.target import Target
 from specbench.engine.tree import verify_visibility
 from specbench.engine.verify import SamplingParams
 from stats import chi2_pvalue
+from test_batch_sampling import NEIGHBOURS
 from tiny import tiny_llama, tiny_target
 
 pytestmark = pytest.mark.gpu
@@ -195,7 +196,7 @@ def test_batched_sampling_on_cuda_matches_target():
         queue.append(BatchRequest(("counted", seed), prompt, GenerationConfig(max_new_tokens=2, sampling=params,
                                                                              seed=seed)))
         if seed % 2:
-            neighbour = [[2], [0, 1, 2, 3, 3, 2, 1], [3, 3, 3]][seed % 3]
+            neighbour = NEIGHBOURS[seed % len(NEIGHBOURS)]
             queue.append(BatchRequest(("neighbour", seed), neighbour,
                                       GenerationConfig(max_new_tokens=3 + seed % 5, sampling=params, seed=seed)))
     samples = [tuple(record.new_tokens[:2]) for request, record in

@@ -249,20 +249,20 @@ def _chunks(tokens: Sequence[int], position: int, rows: int) -> list[list[int]]:
     return [committed[:first]] + [committed[k:k + rows] for k in range(first, position, rows)]
 
 
+def _stepped(tokens: Sequence[int], position: int, rows: int, leaves: Sequence[int]) -> list[Rows]:
+    """The committed tokens before ``position`` as verifies of ``rows`` rows each (``_chunks``), ``leaves`` (if any)
+    children of each path's last row; each keeps its path."""
+    return [block(chunk[0], chunk[1:], leaves, leaf_parent=len(chunk) - 1) for chunk in _chunks(tokens, position, rows)]
+
+
 def stepped_gaps(plain: PlainForwards, prompt_ids: Sequence[int], tokens: Sequence[int], position: int, rows: int,
                  a: int, b: int) -> dict[str, float]:
     """The gap at ``position`` with the cache built as a method with a steady acceptance builds it: the
     prompt's prefill, then the committed tokens through verifies of ``rows`` rows each (the first shorter, so
     that the last ends at ``position``), every row kept; as chains (``chain_r``) and as trees with a and b as
     two leaves under each path's last row (``tree_r``)."""
-    out = {}
-    for name, leaves in (("chain", ()), ("tree", (a, b))):
-        plain.prefill(prompt_ids)
-        for chunk in _chunks(tokens, position, rows):
-            logits = plain.rows(chunk[0], chunk[1:], leaves, leaf_parent=len(chunk) - 1)
-            plain.keep(len(chunk))
-        out[f"{name}_{rows}"] = _gap(logits[rows - 1], a, b)
-    return out
+    return {f"{name}_{rows}": steps_gap(plain, prompt_ids, _stepped(tokens, position, rows, leaves), a, b)
+            for name, leaves in (("chain", ()), ("tree", (a, b)))}
 
 
 def neighbour_prompts(prompt_ids: Sequence[int], count: int) -> list[list[int]]:
@@ -304,11 +304,9 @@ def batched_gaps(prefilled: PlainBatch, ours: int, tokens: Sequence[int], positi
     """``stepped_gaps`` in the batch ``prefilled`` of B requests (``batched_replay``): the committed tokens through
     verifies of ``rows`` rows each, as chains (``batch{B}_chain_r``; r = 1 is vanilla's batched decode) and, for
     r > 1, as trees with a and b as two leaves under each path's last row (``batch{B}_tree_r``)."""
-    chunks = _chunks(tokens, position, rows)
     out = {}
     for name, leaves in (("chain", ()), ("tree", (a, b)))[:1 if rows == 1 else 2]:
-        steps = [block(chunk[0], chunk[1:], leaves, leaf_parent=len(chunk) - 1) for chunk in chunks]
-        logits = batched_replay(prefilled, ours, steps)
+        logits = batched_replay(prefilled, ours, _stepped(tokens, position, rows, leaves))
         out[f"batch{len(prefilled.lengths)}_{name}_{rows}"] = _gap(logits[rows - 1], a, b)
     return out
 
