@@ -7,6 +7,7 @@ fetch`), with transformers' assisted generation on the same pair as a parity run
     python bench/reference_set.py --list              # the plan, one command per line
     python bench/reference_set.py                     # run what is not finished yet (each run resumes)
     python bench/reference_set.py --only main --bench humaneval
+    python bench/reference_set.py --forced            # the bf16 runs again with --check forced (results/forced/)
 
 Runs are grouped so that every claim of the papers is decided inside one file, where its sides were
 interleaved prompt by prompt in one process (see `specbench/analysis/orderings.py`). The drafters are the ones
@@ -168,6 +169,12 @@ SAMPLED_METHODS = ("specblock", ["eagle3", "sps", "dflash", "ddtree", "medusa"])
 
 
 AA_SIDE = "vanilla@label=vanilla (A/A)"
+# The bf16 runs again with the forced check (`--forced`): every greedy, one-request bf16 run of the plan, its sides,
+# prompts and tokens unchanged, with `--check forced` (an untimed pass after each method turn that commits vanilla's
+# tokens and compares every verify row with vanilla's; engine/forced.py) into a file of the same name under
+# results/forced/, so the timed files stay as they were and the report's default glob (results/*.jsonl) never pools
+# them. Batched runs are left out: the check replays each turn through the one-request loop (the runner refuses it).
+FORCED_DIR = "results/forced"
 
 
 def learns(spec: str) -> bool:
@@ -256,6 +263,23 @@ def plan(limit: int, repeats: int, stream_limit: int, passes: int,
     return runs
 
 
+def forced_runs(runs: list[tuple[str, list[str]]]) -> list[tuple[str, list[str]]]:
+    """The forced-check twins (``FORCED_DIR``) of the bf16 runs among ``runs`` that the check applies to."""
+    def value(argv: list[str], flag: str) -> str | None:
+        return argv[argv.index(flag) + 1] if flag in argv else None
+
+    twins = []
+    for out, argv in runs:
+        if argv[0] != "run" or value(argv, "--dtype") != "bfloat16" or value(argv, "--temperature") != "0" \
+                or "--batch-size" in argv:
+            continue
+        moved = f"{FORCED_DIR}/{Path(out).name}"
+        twin = list(argv)
+        twin[twin.index("--out") + 1] = moved
+        twins.append((moved, [*twin, "--check", "forced"]))
+    return twins
+
+
 def other_specbench_processes() -> list[str]:
     """Command lines of other running specbench processes (a run or a training job beside ours)."""
     found = []
@@ -295,13 +319,15 @@ def main() -> None:
     parser.add_argument("--max-load", type=float, default=0.6, help="start a run only below this 1-min load")
     parser.add_argument("--wait", type=float, default=10.0, help="minutes to wait for an idle machine")
     parser.add_argument("--list", action="store_true", help="print the plan and exit")
+    parser.add_argument("--forced", action="store_true",
+                        help=f"run the bf16 runs again with the forced check, into {FORCED_DIR}/ (native bf16 only)")
     parser.add_argument("--retime-flagged", action="store_true",
                         help="first drop every side's record of the turns recorded under load (other work above "
                              "0.5 CPU) from each planned file, so that its resumed run times them again")
     args = parser.parse_args()
     specbench = [sys.executable, "-m", "specbench"]
-    for out, argv in plan(args.limit, args.repeats, args.stream_limit, args.passes,
-                          pair_fp32=PAIR_FP32_GROUP in (args.only or [])):
+    runs = plan(args.limit, args.repeats, args.stream_limit, args.passes, pair_fp32=PAIR_FP32_GROUP in (args.only or []))
+    for out, argv in forced_runs(runs) if args.forced else runs:
         name = Path(out).name
         if args.only and not any(name.startswith(g + "_") or f"/{g}/" in out for g in args.only):
             continue

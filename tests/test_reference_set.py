@@ -234,3 +234,23 @@ def test_the_gpu_batch_sweeps_are_the_bf16_batch_groups_on_the_device():
         expected = list(planned[out.name])
         expected[expected.index("--out") + 1] = str(out)
         assert argv[:-2] == expected
+
+
+def test_the_forced_runs_are_the_greedy_one_request_bf16_runs_with_the_check_in_their_own_folder(monkeypatch):
+    """`--forced` re-runs every bf16 file the divergence table judges (the pair's too, where it is bf16) with
+    `--check forced`, changing nothing else, into results/forced/ (out of the report's default glob)."""
+    module, _ = load_plan()
+    monkeypatch.setattr(module, "emulated_bf16", lambda device: False)  # a native-bf16 CPU: the pair runs in bf16
+    runs = module.plan(limit=24, repeats=1, stream_limit=8, passes=2)
+    bf16 = {Path(out).name: argv for out, argv in runs if "bfloat16" in argv and "--temperature" in argv
+            and argv[argv.index("--temperature") + 1] == "0" and "--batch-size" not in argv}
+    twins = module.forced_runs(runs)
+    assert sorted(Path(out).name for out, _ in twins) == sorted(bf16)
+    assert {g for g in (module.BF16_GROUP, module.PAIR_GROUP, module.BONUS_ROW_GROUP + module.BF16_SUFFIX)} <= {
+        Path(out).name.split("_")[0] for out, _ in twins}
+    for out, argv in twins:
+        assert Path(out).parent == Path(module.FORCED_DIR) and argv[argv.index("--out") + 1] == out
+        expected = list(bf16[Path(out).name])
+        expected[expected.index("--out") + 1] = out
+        assert argv == [*expected, "--check", "forced"] and "--resume" in argv
+    assert not any("--batch-size" in argv for _, argv in twins)  # the runner refuses the check in a batch

@@ -557,3 +557,21 @@ def test_divergence_table_counts_both_rules_and_where_they_disagree(tmp_path: Pa
     assert "| 4/0 | **1/2 +1** | 0.25 | **2** |" in render_markdown(divergence_table(bf16))
     fp32 = render_markdown(divergence_table(load_result_files(tmp_path / "float32")))
     assert "| 4/0 | — | — | — |" in fp32
+
+
+def test_divergence_table_says_which_files_were_rescored_on_another_machine(tmp_path: Path):
+    """recheck stamps each verdict with the machine whose noise it measured; a file re-scored elsewhere than it ran
+    is named in a note (its N is another machine's kernels), one re-scored where it ran is not."""
+    from specbench.analysis.report.checks import divergence_table
+    from specbench.analysis.report.records import load_result_files
+
+    for name, where in (("here.jsonl", "Xeon (2 threads)"), ("elsewhere.jsonl", "EPYC (2 threads)")):
+        records = vanilla_records(benches=("humaneval",), prompts=1)
+        (r,) = method_records("sps", benches=("humaneval",), prompts=1)
+        r.divergence = dict(status="near-tie", rule="exact", old_status="near-tie", position_noise=0.25,
+                            rescored_on=where)
+        write_jsonl(tmp_path / name, [*records, r], dtype="bfloat16", temperature=0.0, hardware="Xeon (2 threads)")
+    notes = divergence_table(load_result_files(tmp_path)).notes
+    (note,) = [n for n in notes if "re-scored on" in n]
+    assert note.startswith("elsewhere.jsonl: its exact verdicts were re-scored on EPYC (2 threads)")
+    assert "(Xeon (2 threads))" in note

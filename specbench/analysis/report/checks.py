@@ -193,10 +193,23 @@ def divergence_table(files: Sequence[ResultFile], provenance: Sequence[str] = ()
              "one release); Exact n/u = the exact rule's, with N max the largest noise it measured; Disagree = turns "
              "the two rules judge differently; a + after Exact counts flips not yet judged by it (run `specbench "
              "recheck FILE`)"]
+    notes += rescored_elsewhere(files)
     return with_forced(Table("divergence_table", "Greedy divergences from vanilla: identical, near-tie or unexplained",
                              ["File", "Method", "dtype", "Turns", "Identical", "Near-tie", "Unexplained", "Unchecked",
                               "Bound n/u", "Exact n/u", "N max", "Disagree", "Noise", "Gap max", "δ min"], [],
                              [("", rows)], frame, notes, list(provenance), align="lllrrrrrrrrrrrr"), files)
+
+
+def rescored_elsewhere(files: Sequence[ResultFile]) -> list[str]:
+    """A note per file whose flips `specbench recheck` re-scored on another machine than the one that ran it: the
+    noise N its exact verdicts rest on is that machine's forwards, not the ones that made the texts."""
+    notes = []
+    for f in files:
+        machines = {str(d["rescored_on"]) for r in f.records if (d := r.divergence) and d.get("rescored_on")}
+        if other := sorted(machines - {hardware_of(f)}):
+            notes.append(f"{f.path.name}: its exact verdicts were re-scored on {'; '.join(other)}, not on the machine "
+                         f"that ran it ({hardware_of(f)}): N is measured with that machine's kernels")
+    return notes
 
 
 def _exact_cells(r) -> list[Cell]:
