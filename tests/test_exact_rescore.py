@@ -95,6 +95,29 @@ def test_the_exact_margin_is_float64_arithmetic_on_the_runs_weights(dtype):
     assert {p.dtype for p in target.model.parameters()} == {dtype}  # the exact forward ran on a copy
 
 
+def test_a_flips_context_is_rescored_once_and_each_records_shapes_every_time():
+    """Two sides flipping at one context (prompt, tokens before, tokens a and b) share its figures: the second
+    re-scoring runs only its own verify shapes, and both equal what a fresh re-scorer gives each."""
+    target = _bf16_target()
+    prompt, tokens = [5, 17, 300, 2, 99, 41], [7, 8, 250, 3, 11, 400, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22]
+    trees = {"tree_sizes": [3] * 8, "accept_lengths": [1] * 8, "chain_calls": 0}
+    chains = {"tree_sizes": [4] * 5, "accept_lengths": [2, 0, 3, 1, 2], "chain_calls": 5}
+    forwards = []
+    hook = target.model.register_forward_hook(lambda *args: forwards.append(1))
+    rescorer = Rescorer(target)
+    first = rescorer.rescore(prompt, tokens, 12, 250, 400, trees)
+    alone = len(forwards)
+    second = rescorer.rescore(prompt, tokens, 12, 250, 400, chains)
+    hook.remove()
+    assert len(forwards) - alone == 1 + 5  # the prompt's prefill, then the chains' 5 verifies up to token 12
+    for found, shapes in ((first, trees), (second, chains)):
+        assert found == Rescorer(target).rescore(prompt, tokens, 12, 250, 400, shapes)
+    first["gaps"].pop("method"), second["gaps"].pop("method")  # each its own shapes' replay (checked above)
+    assert first == second  # every other figure: the context's
+    other = rescorer.rescore(prompt, tokens, 12, 251, 400, trees)  # another token a: another context
+    assert other["exact_logits"][1] == first["exact_logits"][1] and other["exact_logits"][0] != first["exact_logits"][0]
+
+
 def test_a_genuine_bf16_near_tie_is_a_near_tie():
     """A correct tree verify in bf16 flips near-ties; the exact rule finds each within the noise measured at
     its position, and each method gap within that noise of the exact gap."""
