@@ -351,7 +351,7 @@ class Rescorer:
         self.view = Target(target.model, None, target.name)  # the same weights, a cache of its own
         self.view.chain_attn = target.chain_attn
         self._exact: Target | None = None
-        self._contexts: dict[tuple, dict] = {}  # ``_context``'s figures by (prompt, tokens before, position, a, b)
+        self._contexts: dict[tuple, dict] = {}  # ``_context``'s figures by (prompt, tokens before the flip, a, b)
 
     @property
     def exact(self) -> Target:
