@@ -246,7 +246,7 @@ def test_the_forced_runs_are_the_greedy_one_request_bf16_runs_with_the_check_in_
             and argv[argv.index("--temperature") + 1] == "0" and "--batch-size" not in argv}
     twins = module.forced_runs(runs)
     assert sorted(Path(out).name for out, _ in twins) == sorted(bf16)
-    assert {g for g in (module.BF16_GROUP, module.PAIR_GROUP, module.BONUS_ROW_GROUP + module.BF16_SUFFIX)} <= {
+    assert {module.BF16_GROUP, module.PAIR_GROUP, module.BONUS_ROW_GROUP + module.BF16_SUFFIX} <= {
         Path(out).name.split("_")[0] for out, _ in twins}
     for out, argv in twins:
         assert Path(out).parent == Path(module.FORCED_DIR) and argv[argv.index("--out") + 1] == out
