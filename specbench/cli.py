@@ -179,6 +179,8 @@ def recheck(
     data_dir: Optional[str] = typer.Option(None, help="Folder of benchmark JSONL files (else $SPECBENCH_DATA)."),
     again: bool = typer.Option(False, help="Re-score flips that already carry the exact rule's verdict."),
     exact_dtype: str = typer.Option("float32", help="The exact forward's dtype: float32 or float64."),
+    other_machine: bool = typer.Option(False, help="Re-score files made on another machine here anyway (their "
+                                                   "verdicts then rest on this machine's rounding)."),
 ) -> None:
     """Judge the greedy flips of results files already written by the exact rule (no re-timing): each
     flip's shared prefix re-scored exactly and in the run's dtype; writes the verdicts into the records'
@@ -196,7 +198,7 @@ def recheck(
         refused.append(str(path))  # its line goes with the report; stderr keeps the one error line
         console.print(f"{path}: refused: {why}", highlight=False, markup=False, soft_wrap=True)
 
-    outcomes = run_recheck(paths, device, data_dir, again, exact_dtype, refused=refuse)
+    outcomes = run_recheck(paths, device, data_dir, again, exact_dtype, refused=refuse, other_machine=other_machine)
     table = Table(title="divergences by rule (near-tie/unexplained)")
     for col in ("file", "method", "bound", "exact", "disagree", "not re-scored"):
         table.add_column(col, justify="left" if col in ("file", "method") else "right")

@@ -5,6 +5,7 @@ one line."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from specbench import divergence
@@ -196,3 +197,25 @@ def test_recheck_leaves_fp32_and_sampled_files_to_their_rule(models, tmp_path, c
     assert code == 0, err
     assert "float32: the bound stands" in out and "T = 1" in out
     assert (fp32.read_bytes(), sampled.read_bytes()) == before
+
+
+def test_a_file_from_another_machine_is_rechecked_there_unless_asked(models, tmp_path, capsys):
+    """The exact rule holds a run's gaps to the re-scoring machine's noise, so a file whose header names another
+    machine is refused in one line (left as it was), and re-scored here only with --other-machine, which says so."""
+    ran = tmp_path / "ran.jsonl"
+    _bf16_run(models, ran, capsys)
+    lines = [_as_before(line) for line in ran.read_bytes().splitlines(keepends=True)]
+    _plant_flip(lines)
+    header = json.loads(lines[0])
+    header["meta"]["hardware"] = "Another CPU [family 6 model 1] (2 threads)"
+    lines[0] = (json.dumps(header) + "\n").encode()
+    moved = tmp_path / "moved.jsonl"
+    moved.write_bytes(b"".join(lines))
+    code, _, err = cli(["recheck", str(moved)], capsys)
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert code == 2 and len(errors) == 1 and "Another CPU" in errors[0] and "--other-machine" in errors[0], err
+    assert moved.read_bytes() == b"".join(lines)
+    code, out, err = cli(["recheck", str(moved), "--other-machine"], capsys)
+    assert code == 0, err
+    assert re.search(r"re-scored [1-9]\d* flip\(s\); noise measured on", out) and "(the run: Another CPU" in out
+    assert any(b'"rescored_on"' in line for line in moved.read_bytes().splitlines())

@@ -76,8 +76,19 @@ def _device(meta: dict, device: str | None) -> str:
     recorded = str(meta.get("device") or "cpu")
     if recorded.startswith("cuda") and not torch.cuda.is_available():
         raise SpecbenchError(f"it was run on {recorded} and this machine has no CUDA device; re-check it on one, or "
-                             "pass --device cpu (the noise is then this CPU's)")
+                             "pass --device cpu --other-machine (the noise is then this CPU's)")
     return recorded
+
+
+def _same_machine(meta: dict, machine: str, other_machine: bool) -> None:
+    """Refuses to re-score a file made on another machine unless asked: the exact rule holds the run's recorded
+    gaps to the noise of this machine's forwards, and other kernels (another CPU, other threads, a GPU) round
+    differently, so a correct flip can come out unexplained (docs/usage.md measures one)."""
+    recorded = meta.get("hardware")
+    if recorded and recorded != machine and not other_machine:
+        raise SpecbenchError(f"it was run on {recorded}, and this is {machine}: the exact rule would hold its gaps to "
+                             "this machine's rounding, not the one that made them; re-check it on the machine that "
+                             "ran it, or pass --other-machine to re-score it here anyway")
 
 
 def _chat(meta: dict, target: Target) -> ChatFormat:
@@ -169,9 +180,10 @@ def _rewrite(path: Path, numbers: dict[int, GenerationRecord]) -> None:
 
 
 def recheck_file(path: str | Path, targets: _Targets, device: str | None = None, data_dir: str | None = None,
-                 again: bool = False, exact_dtype: str = "float32") -> Outcome:
+                 again: bool = False, exact_dtype: str = "float32", other_machine: bool = False) -> Outcome:
     """Re-judge every first flip of one results file by the exact rule (``again``: those already judged
-    too), rewrite it, and count both rules' verdicts per method side."""
+    too), rewrite it, and count both rules' verdicts per method side. A file made on another machine is
+    refused unless ``other_machine`` (``_same_machine``)."""
     path = Path(path)
     check_output(path, what="results file")
     if not path.is_file():
@@ -193,12 +205,13 @@ def recheck_file(path: str | Path, targets: _Targets, device: str | None = None,
         if not flips:
             return Outcome(path, _counts(indexed), note="nothing new to re-score")
         where = resolve_device(_device(meta, device))
+        machine = hardware(where)
+        _same_machine(meta, machine, other_machine)
         rescorer = targets.get(meta, where, exact_dtype)
         target = rescorer.target
         chat, prompts = _chat(meta, target), _prompts(meta, data_dir)
         by_key = {(r.method, r.bench, r.prompt_id, r.turn): r for r in indexed}
         ids = {n: _render(meta, target, chat, prompts, by_key, r) for n, r in flips}  # every prompt before any forward
-        machine = hardware(where)
         for n, record in flips:
             judged = rescorer.judge(record.divergence, ids[n], record)
             judged["rescored_on"] = machine
@@ -214,7 +227,8 @@ def recheck_file(path: str | Path, targets: _Targets, device: str | None = None,
 
 
 def recheck(paths: list[Path], device: str | None = None, data_dir: str | None = None, again: bool = False,
-            exact_dtype: str = "float32", refused: Callable[[Path, str], None] = lambda path, why: None) -> list[Outcome]:
+            exact_dtype: str = "float32", refused: Callable[[Path, str], None] = lambda path, why: None,
+            other_machine: bool = False) -> list[Outcome]:
     """``recheck_file`` over ``paths``; a file that cannot be re-checked is reported to ``refused`` with its
     one-line reason and left as it was."""
     if exact_dtype not in EXACT_DTYPES:
@@ -222,7 +236,7 @@ def recheck(paths: list[Path], device: str | None = None, data_dir: str | None =
     targets, out = _Targets(), []
     for path in paths:
         try:
-            out.append(recheck_file(path, targets, device, data_dir, again, exact_dtype))
+            out.append(recheck_file(path, targets, device, data_dir, again, exact_dtype, other_machine))
         except SpecbenchError as exc:
             refused(path, str(exc))
     return out
