@@ -141,7 +141,7 @@ PAIR_SIDES = (f"sps@draft={PAIR_DRAFT}@label=sps",
                f"sps@draft={PAIR_DRAFT}@schedule=heuristic@label=sps@schedule=heuristic",
                f"sps-confidence@draft={PAIR_DRAFT}@label=sps-confidence",
                f"pacer@draft={PAIR_DRAFT}@label=pacer"])
-# The pair in fp32 on HumanEval wherever its main run is bf16: every method's text must equal vanilla's token for token
+# The pair in fp32 on both its benches wherever its main run is bf16: every method's text must equal vanilla's token for token
 # (bf16 texts part at near-ties), so the pair's correctness never rests on the near-tie rule alone. SpS at its default
 # and longest γ and SpS with its confidence stop; PACER's pre-verifier for the pair is trained per machine (not shipped:
 # over the size bound), and PACER's verify is SpS's; no A/A side: this run checks texts, the bf16 run times. On a CPU
@@ -237,9 +237,9 @@ def plan(limit: int, repeats: int, stream_limit: int, passes: int,
         out = f"results/{PAIR_GROUP}_{bench}_{PAIR_TARGET}_T0.jsonl"
         runs.append((out, ["run", *sides(*PAIR_SIDES), "--bench", bench, "--limit", str(min(limit, PAIR_LIMIT)),
                            "--temperature", "0", "--out", out, *settings(PAIR_TARGET, pair_dtype)]))
-    if pair_dtype != "float32" or pair_fp32:
-        out = f"results/{PAIR_FP32_GROUP}_humaneval_{PAIR_TARGET}_T0.jsonl"
-        runs.append((out, ["run", *sides(*PAIR_FP32_SIDES, aa=False), "--bench", "humaneval", "--limit",
+    for bench in PAIR_BENCHES if pair_dtype != "float32" or pair_fp32 else ():
+        out = f"results/{PAIR_FP32_GROUP}_{bench}_{PAIR_TARGET}_T0.jsonl"
+        runs.append((out, ["run", *sides(*PAIR_FP32_SIDES, aa=False), "--bench", bench, "--limit",
                            str(min(limit, PAIR_LIMIT)), "--temperature", "0", "--out", out, *settings(PAIR_TARGET)]))
     parity_out = f"results/{PAIR_GROUP}/parity/sps_humaneval_{PAIR_TARGET}.jsonl"
     runs.append((parity_out, ["parity", "sps", "--target", PAIR_TARGET, "--opt", f"draft={PAIR_DRAFT}", "--dtype",

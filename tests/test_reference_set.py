@@ -176,12 +176,13 @@ def test_where_the_pair_runs_in_bf16_its_texts_are_also_checked_in_fp32(monkeypa
         return [a for out, a in module.plan(8, 1, 8, 2, pair_fp32=named) if module.PAIR_FP32_GROUP in out]
 
     assert fp32_runs(emulated=True) == []  # a CPU without native bf16 runs the pair in fp32 already
-    (argv,) = fp32_runs(emulated=False)
-    assert argv[argv.index("--dtype") + 1] == "float32" and argv[argv.index("--bench") + 1] == "humaneval"
-    assert argv[argv.index("--target") + 1] == module.PAIR_TARGET
-    assert sides(argv) == ["sps", "sps@gamma=8", "sps-confidence"]  # texts only: no A/A side
+    checks = fp32_runs(emulated=False)
+    assert [argv[argv.index("--bench") + 1] for argv in checks] == list(module.PAIR_BENCHES)  # the bf16 run's benches
+    for argv in checks:
+        assert argv[argv.index("--dtype") + 1] == "float32" and argv[argv.index("--target") + 1] == module.PAIR_TARGET
+        assert sides(argv) == ["sps", "sps@gamma=8", "sps-confidence"]  # texts only: no A/A side
     # Named, it runs there too (to check bf16 files another machine made), with the same arguments.
-    assert fp32_runs(emulated=True, named=True) == [argv]
+    assert fp32_runs(emulated=True, named=True) == checks
 
 
 def test_specblocks_two_bonus_row_readings_run_side_by_side_on_every_bench_in_fp32_and_bf16():
