@@ -55,7 +55,7 @@ gpu-batch:
 	$(SRC) $(PY) -m specbench report 'results/gpu/batch-bf16_*.jsonl' --out-dir results/gpu/reports
 
 run:
-	$(VENV)/bin/specbench run --method specblock --bench humaneval --limit 3 --max-new-tokens 64 --budget 16 --out runs/quickstart.jsonl
+	$(VENV)/bin/specbench run --method specblock --bench humaneval --limit 3 --max-new-tokens 64 --budget 16 --out runs/quickstart.jsonl --overwrite
 
 # Retrain every shipped drafter (hours of CPU; resumable; `bench/train_drafters.py --install` ships them).
 drafters:
