@@ -53,9 +53,8 @@ def batch_sweeps(device: str, out_dir: Path) -> list[tuple[Path, list[str]]]:
     runs = []
     for out, argv in reference.plan(limit=reference.BATCH_LIMIT, repeats=1, stream_limit=1, passes=1):
         if Path(out).name.startswith(group + "_"):
-            moved, argv = out_dir / Path(out).name, list(argv)
-            argv[argv.index("--out") + 1] = str(moved)
-            runs.append((moved, [*argv, "--device", device]))
+            moved, argv = reference.relocated(out, argv, out_dir, "--device", device)
+            runs.append((Path(moved), argv))
     return runs
 
 

@@ -263,21 +263,22 @@ def plan(limit: int, repeats: int, stream_limit: int, passes: int,
     return runs
 
 
+def relocated(out: str, argv: list[str], folder: str | Path, *extra: str) -> tuple[str, list[str]]:
+    """A planned run writing to a file of the same name in ``folder`` instead, with ``extra`` arguments appended."""
+    moved = str(Path(folder) / Path(out).name)
+    argv = list(argv)
+    argv[argv.index("--out") + 1] = moved
+    return moved, [*argv, *extra]
+
+
 def forced_runs(runs: list[tuple[str, list[str]]]) -> list[tuple[str, list[str]]]:
     """The forced-check twins (``FORCED_DIR``) of the bf16 runs among ``runs`` that the check applies to."""
     def value(argv: list[str], flag: str) -> str | None:
         return argv[argv.index(flag) + 1] if flag in argv else None
 
-    twins = []
-    for out, argv in runs:
-        if argv[0] != "run" or value(argv, "--dtype") != "bfloat16" or value(argv, "--temperature") != "0" \
-                or "--batch-size" in argv:
-            continue
-        moved = f"{FORCED_DIR}/{Path(out).name}"
-        twin = list(argv)
-        twin[twin.index("--out") + 1] = moved
-        twins.append((moved, [*twin, "--check", "forced"]))
-    return twins
+    return [relocated(out, argv, FORCED_DIR, "--check", "forced") for out, argv in runs
+            if argv[0] == "run" and value(argv, "--dtype") == "bfloat16" and value(argv, "--temperature") == "0"
+            and "--batch-size" not in argv]
 
 
 def other_specbench_processes() -> list[str]:
