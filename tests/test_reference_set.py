@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from specbench.engine.registry import available_methods
+from specbench.records import GenerationRecord
 from specbench.sides import parse_spec
 
 
@@ -255,3 +256,28 @@ def test_the_forced_runs_are_the_greedy_one_request_bf16_runs_with_the_check_in_
         expected[expected.index("--out") + 1] = out
         assert argv == [*expected, "--check", "forced"] and "--resume" in argv
     assert not any("--batch-size" in argv for _, argv in twins)  # the runner refuses the check in a batch
+
+
+def test_the_plan_prices_each_group_from_its_records_and_starts_dirty_files_afresh(tmp_path, monkeypatch):
+    module, runs = load_plan()
+    monkeypatch.setattr(module, "ROOT", tmp_path)
+    out, argv = next((out, argv) for out, argv in runs if Path(out).name.startswith("main-bf16_humaneval_"))
+    source = Path(module.__file__).resolve().parent.parent / "results" / "specblock-bonus-row_humaneval_smollm2-135m_T0.jsonl"
+    lines = source.read_text(encoding="utf-8").splitlines()
+    header = json.loads(lines[0])
+    records = [json.loads(line) for line in lines[1:] if json.loads(line).get("type") == "record"]
+    seconds = sum(GenerationRecord.total_of(r["times"]) for r in records)
+    (tmp_path / "results").mkdir()
+    assert module.replacing_dirty(out, argv) == argv  # nothing on disk: the run resumes (starts) as planned
+
+    for sha, fresh in (("0123456789ab", False), ("0123456789ab-dirty", True)):
+        header["meta"]["git_sha"] = sha
+        (tmp_path / out).write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n", encoding="utf-8")
+        found = module.recorded_groups([(out, argv)])["main-bf16"]
+        assert found.files == 1 and found.dirty == ([Path(out).name] if fresh else [])
+        assert abs(found.seconds - seconds) < 1e-6 * seconds
+        line = module.cost_line("main-bf16", 6, found)
+        assert f"{seconds / 60:.0f} min" in line and ("1 of 1 files record a dirty sha" in line) == fresh
+        replaced = module.replacing_dirty(out, argv)
+        assert ("--overwrite" in replaced and "--resume" not in replaced) == fresh
+        assert replaced == argv or fresh
