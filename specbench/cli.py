@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import os
+import errno
 import re
 import sys
 import warnings
@@ -102,7 +102,7 @@ def merge(
 
     from specbench.options import check_text
     from specbench.data.part_files import find_parts
-    from specbench.run.merge import merge_runs, write_run
+    from specbench.run.merge import merge_into, same_file
     from specbench.data.safe_files import check_output
 
     if parts:
@@ -114,19 +114,11 @@ def merge(
     for path in (out, *sources):  # the merged header names them: a name no UTF-8 text holds is refused first
         check_text(str(path), "results file name")
     check_output(out)  # a folder, device, FIFO or symlink is refused before anything is read
-    if out.exists() and not any(_same_file(out, source) for source in sources) and not overwrite:
+    if out.exists() and not any(same_file(out, source) for source in sources) and not overwrite:
         raise SpecbenchError(f"{out} already exists; pass --overwrite to replace it, or add it to the inputs")
-    meta, lines = merge_runs(sources)
-    write_run(out, meta, lines)
+    _, lines = merge_into(out, sources)
     n = sum(1 for o in lines if o["type"] == "record")
     console.print(f"merged {n} records from {len(sources)} files -> {out}")
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
 
 
 def _reproduce(cfg) -> None:
@@ -445,6 +437,9 @@ def main() -> None:
             sys.exit(2)
         except OSError as exc:  # a path the system refuses (name too long, ...) that no check above caught
             interrupt.settle()
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT) and exc.filename is None:  # a writer without its own line
+                err.print("[red]error:[/] disk full (no space left on device); free space and rerun", highlight=False)
+                sys.exit(2)
             if exc.filename is None:
                 raise
             err.print(f"[red]error:[/] {_one_line(f'{exc.filename}: {exc.strerror}')}; pass another path",
