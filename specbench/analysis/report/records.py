@@ -57,23 +57,37 @@ def apart_dtypes(files: Sequence[ResultFile]) -> list[ResultFile]:
 
 
 def resolve_paths(spec: PathSpec) -> list[Path]:
-    """A glob, a file, a folder (its *.jsonl) or a list of those -> sorted unique files."""
+    """A glob, a file, a folder (its *.jsonl) or a list of those -> sorted files. One file reached twice (the
+    same path in two arguments, a folder and a file in it, a link beside its file) is refused: its turns would
+    pool twice."""
+    import os
+
     items = [spec] if isinstance(spec, (str, Path)) else list(spec)
-    found: set[Path] = set()
-    for item in items:
+    found: dict[tuple[int, int], tuple[Path, int]] = {}  # (device, inode) -> the path and the argument that named it
+    for index, item in enumerate(items):
         path = Path(item)
         if path.is_dir():
-            found.update(path.glob("*.jsonl"))
+            matched = sorted(path.glob("*.jsonl"))
         elif path.is_file():
-            found.add(path)
+            matched = [path]
         else:
-            found.update(Path(p) for p in glob.glob(str(item)) if Path(p).is_file())
+            matched = sorted(Path(p) for p in glob.glob(str(item)) if Path(p).is_file())
+        for match in matched:
+            st = os.stat(match)
+            key = (st.st_dev, st.st_ino)
+            if key in found:
+                first, by = found[key]
+                same = f"{match}" if first == match else f"{first} and {match} (one file)"
+                how = f"by {items[by]}" if by == index else f"by {items[by]} and {item}"
+                raise SpecbenchError(f"{same} is given twice ({how}); name each results file once")
+            found[key] = (match, index)
     if not found:
         shown = ", ".join(str(i) for i in items) or "(nothing given)"
         raise SpecbenchError(f"no result files matched {shown}; run `specbench run ...` first")
-    for path in found:  # tables and pages name their files: a name no UTF-8 text can hold is refused first
+    paths = [path for path, _ in found.values()]
+    for path in paths:  # tables and pages name their files: a name no UTF-8 text can hold is refused first
         check_text(str(path), "results file name")
-    return sorted(found, key=str)
+    return sorted(paths, key=str)
 
 
 def read_result_file(path: str | Path) -> ResultFile:
@@ -87,8 +101,27 @@ def read_result_file(path: str | Path) -> ResultFile:
     return ResultFile(path, dict(content.meta or {}), tuple(r for _, r in content.records))
 
 
+def refuse_copies(files: Sequence[ResultFile]) -> None:
+    """Two files holding the same record, every field and timing alike (a copy of a file, or of part of it),
+    would pool its turns twice: n doubles and every interval narrows. One line naming both files."""
+    import hashlib
+    import json
+
+    seen: dict[str, Path] = {}
+    for f in files:
+        mine = {hashlib.sha256(json.dumps(r.to_dict(), sort_keys=True, default=str).encode()).hexdigest()
+                for r in f.records}
+        for key in mine:
+            if key in seen:
+                shared = sum(seen.get(k) == seen[key] for k in mine)
+                raise SpecbenchError(f"{seen[key]} and {f.path} hold the same records ({shared} of {len(mine)}, "
+                                     "timings and all: one is a copy of the other); give each run once")
+        seen.update(dict.fromkeys(mine, f.path))
+
+
 def load_result_files(spec: PathSpec) -> list[ResultFile]:
     files = [read_result_file(p) for p in resolve_paths(spec)]
+    refuse_copies(files)
     if not any(f.records for f in files):
         names = ", ".join(f.path.name for f in files)
         raise SpecbenchError(f"no records in {names}; run `specbench run ...` first")
