@@ -10,12 +10,25 @@ import warnings
 from pathlib import Path
 from typing import Optional
 
+from specbench.engine import interrupt  # the standard library only: in place before the imports below
+
+
+def _is_program() -> bool:
+    """This process is the `specbench` command (not a caller that runs main() in-process and goes on)."""
+    top = sys.modules.get("__main__")
+    spec = getattr(top, "__spec__", None)
+    name = spec.name if spec is not None else Path(getattr(top, "__file__", "") or "").name
+    return name in ("specbench", "specbench.cli", "specbench.__main__")
+
+
+if _is_program():  # a stop while the heavy imports below (and the command's) load is noted, then honoured
+    interrupt.note_early()
+
 import typer
 from rich.markup import escape
 from rich.table import Table
 
 from specbench import commands
-from specbench.engine import interrupt
 from specbench.console import console, err
 from specbench.engine import VANILLA
 from specbench.errors import SpecbenchError
@@ -405,14 +418,6 @@ def _check_argv(args: list[str]) -> None:
         check_text(arg, before if before.startswith("-") and "=" not in before else f"argument {i + 1}")
 
 
-def _is_program() -> bool:
-    """This process is the `specbench` command (not a caller that runs main() in-process and goes on)."""
-    top = sys.modules.get("__main__")
-    spec = getattr(top, "__spec__", None)
-    name = spec.name if spec is not None else Path(getattr(top, "__file__", "") or "").name
-    return name in ("specbench", "specbench.cli", "specbench.__main__")
-
-
 def main() -> None:
     warnings.filterwarnings("ignore", message=".*GGUF.*")
     # Runs and trainings stop at their next step boundary on Ctrl-C / SIGTERM; other commands stop at once.
@@ -424,8 +429,16 @@ def main() -> None:
     # so a second Ctrl-C cannot cut the last line short.
     with interrupt.graceful(escalate) if graceful else contextlib.nullcontext():
         try:
+            if not graceful:
+                interrupt.stop_noting()  # other commands stop at once: a stop noted during the imports too
+            interrupt.check()  # a run or a training stops here on a stop noted during the imports
             _check_argv(sys.argv[1:])
-            code = app(standalone_mode=False)
+            try:
+                code = app(standalone_mode=False)
+            except Exception as exc:
+                if interrupt.requested():  # a stop cut an import or a load, and a library made it its own error
+                    raise interrupt.Interrupted(interrupt.received()) from exc
+                raise
             interrupt.settle()
             sys.exit(code if isinstance(code, int) else 0)
         except typer.TyperException as exc:  # click's usage errors: one line, not a usage box
@@ -454,9 +467,11 @@ def main() -> None:
             err.print("interrupted (SIGINT); rerun the command to start it again")
             sys.exit(130)
         finally:
-            from specbench.data import distributed
-
-            distributed.shutdown()
+            # Only a command that imported it can have a process group; importing it here would import torch
+            # again, which fails (a traceback) after a stop cut torch's own import.
+            distributed = sys.modules.get("specbench.data.distributed")
+            if distributed is not None:
+                distributed.shutdown()
 
 
 if __name__ == "__main__":
