@@ -138,8 +138,9 @@ def merge_into(out: str | Path, sources: list[str | Path], inputs: tuple = ()) -
                 raise SpecbenchError(f"{source} is being written by another specbench run (pid {pid}); wait for it "
                                      "to finish, then merge")
         meta, lines = merge_runs(sources)
-        text = (json.dumps(obj, ensure_ascii=False, default=str) + "\n" for obj in [{"type": "header", "meta": meta}, *lines])
-        rewrite_results(out, (line.encode("utf-8") for line in text), lock, "--out")
+        objs = [{"type": "header", "meta": meta}, *lines]
+        rewrite_results(out, ((json.dumps(o, ensure_ascii=False, default=str) + "\n").encode("utf-8") for o in objs),
+                        lock, "--out")
     return meta, lines
 
 
