@@ -234,11 +234,11 @@ def test_report_refuses_a_copy_of_a_file(finished, tmp_path, capsys):
     copy = copy_of(finished, tmp_path, "copy-of-a.jsonl")
     rep = tmp_path / "rep"
     one_line(*cli(["report", str(a), str(copy), "--out-dir", str(rep)], capsys)[::2], str(a), str(copy),
-             "hold the same records")
+             "hold the same run", "all 4 records of")
     part = tmp_path / "part-of-a.jsonl"  # a copy of part of it (its header and first record) pools that record twice
     part.write_text("".join(a.read_text().splitlines(keepends=True)[:2]))
-    one_line(*cli(["report", str(a), str(part), "--out-dir", str(rep)], capsys)[::2], "(1 of 1",
-             "hold the same records")
+    one_line(*cli(["report", str(a), str(part), "--out-dir", str(rep)], capsys)[::2], "hold the same run",
+             "all 1 records of part-of-a.jsonl are in a.jsonl")
     assert not rep.exists()
 
 

@@ -102,21 +102,27 @@ def read_result_file(path: str | Path) -> ResultFile:
 
 
 def refuse_copies(files: Sequence[ResultFile]) -> None:
-    """Two files holding the same record, every field and timing alike (a copy of a file, or of part of it),
-    would pool its turns twice: n doubles and every interval narrows. One line naming both files."""
+    """Two files of one header where every record of one is in the other, every field and timing alike (a copy
+    of a file, or of part of it) would pool those turns twice: n doubles and every interval narrows. Two runs
+    never time a turn alike, so no real pair of runs is refused. One line naming both files."""
     import hashlib
     import json
 
-    seen: dict[str, Path] = {}
+    def key(obj) -> str:
+        return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+    seen: dict[str, list[tuple[ResultFile, set[str]]]] = {}  # header -> its files and their records
     for f in files:
-        mine = {hashlib.sha256(json.dumps(r.to_dict(), sort_keys=True, default=str).encode()).hexdigest()
-                for r in f.records}
-        for key in mine:
-            if key in seen:
-                shared = sum(seen.get(k) == seen[key] for k in mine)
-                raise SpecbenchError(f"{seen[key]} and {f.path} hold the same records ({shared} of {len(mine)}, "
-                                     "timings and all: one is a copy of the other); give each run once")
-        seen.update(dict.fromkeys(mine, f.path))
+        if not f.records:
+            continue
+        mine = {key(r.to_dict()) for r in f.records}
+        for other, theirs in seen.get(key(f.meta), []):
+            if mine <= theirs or theirs <= mine:
+                small, big = (f, other) if mine <= theirs else (other, f)
+                raise SpecbenchError(f"{other.path} and {f.path} hold the same run: one header, and all "
+                                     f"{len(small.records)} records of {small.path.name} are in {big.path.name}, "
+                                     "timings and all (a copy); give each run once")
+        seen.setdefault(key(f.meta), []).append((f, mine))
 
 
 def load_result_files(spec: PathSpec) -> list[ResultFile]:
