@@ -269,8 +269,8 @@ def test_a_second_report_removes_the_first_reports_files_it_does_not_write(model
     mine.write_text("mine\n")
     assert cli(["report", str(finished), "--out-dir", str(rep)], capsys)[0] == 0
     first = {p for p in rep.rglob("*") if p.is_file()} - {mine}
-    edited = next(p for p in sorted(first) if p.suffix == ".md" and "divergence" in p.name)
-    edited.write_text("edited by hand\n")  # the report wrote it, someone changed it since: not the report's anymore
+    edited = next(p for p in sorted(first) if p.name.endswith("_T0.png"))  # a T = 0 figure: the next report has none
+    edited.write_bytes(b"edited by hand\n")  # the report wrote it, someone changed it since: not the report's anymore
 
     assert cli(["report", str(sampled), "--out-dir", str(rep)], capsys)[0] == 0
     listed = json.loads((rep / ".report-files.json").read_text())["files"]
@@ -278,8 +278,8 @@ def test_a_second_report_removes_the_first_reports_files_it_does_not_write(model
     assert {rep / name for name in listed} == now - {mine, edited, rep / ".report-files.json"}
     stale = first - {rep / name for name in listed} - {edited, rep / ".report-files.json"}
     assert stale and not any(p.exists() for p in stale)  # the first report's own files it did not write again
-    assert mine.read_text() == "mine\n" and edited.read_text() == "edited by hand\n"
-    assert any("T1" in name or "t1" in name for name in listed)
+    assert mine.read_text() == "mine\n" and edited.read_bytes() == b"edited by hand\n"
+    assert any(name.endswith("_T1.png") for name in listed) and not any(p.name.endswith("_T0.pdf") for p in now)
 
 
 # ------------------------------------------------------------------------------------------- 6. parity
