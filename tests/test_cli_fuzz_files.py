@@ -116,7 +116,7 @@ def test_a_full_disk_mid_run_keeps_the_finished_records_and_removes_the_lock(mod
     real = os.fsync
 
     def fsync(fd):  # the disk fills once the file is in place: the second record's fsync fails
-        return _no_space() if _fd_path(fd) == str(out) else real(fd)
+        return _no_space() if _fd_path(fd) == str(out.resolve()) else real(fd)
 
     monkeypatch.setattr(os, "fsync", fsync)
     line = one_line(*cli(base_args(models, out), capsys)[::2], "disk full", str(out), "(1 records)", "--resume")
