@@ -3,19 +3,32 @@
 from __future__ import annotations
 
 import contextlib
-import os
+import errno
 import re
 import sys
 import warnings
 from pathlib import Path
 from typing import Optional
 
+from specbench.engine import interrupt  # the standard library only: in place before the imports below
+
+
+def _is_program() -> bool:
+    """This process is the `specbench` command (not a caller that runs main() in-process and goes on)."""
+    top = sys.modules.get("__main__")
+    spec = getattr(top, "__spec__", None)
+    name = spec.name if spec is not None else Path(getattr(top, "__file__", "") or "").name
+    return name in ("specbench", "specbench.cli", "specbench.__main__")
+
+
+if _is_program():  # a stop while the heavy imports below (and the command's) load is noted, then honoured
+    interrupt.note_early()
+
 import typer
 from rich.markup import escape
 from rich.table import Table
 
 from specbench import commands
-from specbench.engine import interrupt
 from specbench.console import console, err
 from specbench.engine import VANILLA
 from specbench.errors import SpecbenchError
@@ -102,7 +115,7 @@ def merge(
 
     from specbench.options import check_text
     from specbench.data.part_files import find_parts
-    from specbench.run.merge import merge_runs, write_run
+    from specbench.run.merge import merge_into, same_file
     from specbench.data.safe_files import check_output
 
     if parts:
@@ -114,19 +127,11 @@ def merge(
     for path in (out, *sources):  # the merged header names them: a name no UTF-8 text holds is refused first
         check_text(str(path), "results file name")
     check_output(out)  # a folder, device, FIFO or symlink is refused before anything is read
-    if out.exists() and not any(_same_file(out, source) for source in sources) and not overwrite:
+    if out.exists() and not any(same_file(out, source) for source in sources) and not overwrite:
         raise SpecbenchError(f"{out} already exists; pass --overwrite to replace it, or add it to the inputs")
-    meta, lines = merge_runs(sources)
-    write_run(out, meta, lines)
+    _, lines = merge_into(out, sources)
     n = sum(1 for o in lines if o["type"] == "record")
     console.print(f"merged {n} records from {len(sources)} files -> {out}")
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
 
 
 def _reproduce(cfg) -> None:
@@ -413,14 +418,6 @@ def _check_argv(args: list[str]) -> None:
         check_text(arg, before if before.startswith("-") and "=" not in before else f"argument {i + 1}")
 
 
-def _is_program() -> bool:
-    """This process is the `specbench` command (not a caller that runs main() in-process and goes on)."""
-    top = sys.modules.get("__main__")
-    spec = getattr(top, "__spec__", None)
-    name = spec.name if spec is not None else Path(getattr(top, "__file__", "") or "").name
-    return name in ("specbench", "specbench.cli", "specbench.__main__")
-
-
 def main() -> None:
     warnings.filterwarnings("ignore", message=".*GGUF.*")
     # Runs and trainings stop at their next step boundary on Ctrl-C / SIGTERM; other commands stop at once.
@@ -432,8 +429,16 @@ def main() -> None:
     # so a second Ctrl-C cannot cut the last line short.
     with interrupt.graceful(escalate) if graceful else contextlib.nullcontext():
         try:
+            if not graceful:
+                interrupt.stop_noting()  # other commands stop at once: a stop noted during the imports too
+            interrupt.check()  # a run or a training stops here on a stop noted during the imports
             _check_argv(sys.argv[1:])
-            code = app(standalone_mode=False)
+            try:
+                code = app(standalone_mode=False)
+            except Exception as exc:
+                if interrupt.requested():  # a stop cut an import or a load, and a library made it its own error
+                    raise interrupt.Interrupted(interrupt.received()) from exc
+                raise
             interrupt.settle()
             sys.exit(code if isinstance(code, int) else 0)
         except typer.TyperException as exc:  # click's usage errors: one line, not a usage box
@@ -445,6 +450,9 @@ def main() -> None:
             sys.exit(2)
         except OSError as exc:  # a path the system refuses (name too long, ...) that no check above caught
             interrupt.settle()
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT) and exc.filename is None:  # a writer without its own line
+                err.print("[red]error:[/] disk full (no space left on device); free space and rerun", highlight=False)
+                sys.exit(2)
             if exc.filename is None:
                 raise
             err.print(f"[red]error:[/] {_one_line(f'{exc.filename}: {exc.strerror}')}; pass another path",
@@ -459,9 +467,11 @@ def main() -> None:
             err.print("interrupted (SIGINT); rerun the command to start it again")
             sys.exit(130)
         finally:
-            from specbench.data import distributed
-
-            distributed.shutdown()
+            # Only a command that imported it can have a process group; importing it here would import torch
+            # again, which fails (a traceback) after a stop cut torch's own import.
+            distributed = sys.modules.get("specbench.data.distributed")
+            if distributed is not None:
+                distributed.shutdown()
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@ PAYLOAD = b"GGUF" + bytes(range(256)) * 3  # 772 bytes: a file that starts like 
 
 
 def toy_model(size: int = len(PAYLOAD)) -> PartedGGUF:
-    return PartedGGUF("toy.gguf", "toy-part{i}", "1.0", 3, "toy_part{i}/data/part{i:02d}.bin", size, "a toy")
+    return PartedGGUF("toy.gguf", "toy-part{i}", "1.0", 3, "toy_part{i}/data/part{i:02d}.bin", size, "a toy",
+                      hashlib.sha256(PAYLOAD).hexdigest())
 
 
 @pytest.fixture

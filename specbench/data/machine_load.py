@@ -80,23 +80,24 @@ def flagged_keys(meta: dict, records: Iterable, limit: float = TURN_LOAD) -> set
 
 def drop_flagged(path, limit: float = TURN_LOAD) -> list[tuple]:
     """Rewrite the results file at ``path`` without every side's record of its flagged turns (header, other
-    lines and record order kept; written beside it and renamed into place). Returns the dropped turns."""
+    lines and record order kept; under its writer lock, so a run still appending to it is refused, and written
+    beside it and renamed into place). Returns the dropped turns."""
     import json
     from pathlib import Path
 
+    from specbench.data.safe_files import WriterLock, rewrite_results
     from specbench.records import GenerationRecord
 
     path = Path(path)
-    lines = path.read_text(encoding="utf-8").splitlines()
-    objs = [json.loads(line) for line in lines if line.strip()]
-    meta = next((o.get("meta") or {} for o in objs if o.get("type") == "header"), {})
-    records = [GenerationRecord.from_dict(o) for o in objs if o.get("type") == "record"]
-    drop = flagged_keys(meta, records, limit)
-    if not drop:
-        return []
-    kept = [line for line, o in zip([x for x in lines if x.strip()], objs)
-            if not (o.get("type") == "record" and (o.get("bench"), o.get("prompt_id"), o.get("turn")) in drop)]
-    tmp = path.with_name(f".{path.name}.retime")
-    tmp.write_text("\n".join(kept) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    with WriterLock(path, "results file") as lock:
+        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        objs = [json.loads(line) for line in lines]
+        meta = next((o.get("meta") or {} for o in objs if o.get("type") == "header"), {})
+        records = [GenerationRecord.from_dict(o) for o in objs if o.get("type") == "record"]
+        drop = flagged_keys(meta, records, limit)
+        if not drop:
+            return []
+        kept = [line for line, o in zip(lines, objs)
+                if not (o.get("type") == "record" and (o.get("bench"), o.get("prompt_id"), o.get("turn")) in drop)]
+        rewrite_results(path, [(line + "\n").encode("utf-8") for line in kept], lock)
     return sorted(drop, key=str)

@@ -1,16 +1,19 @@
 """Writing files without hurting any: outputs that are refused before anything is written (one of
 the run's own inputs, a device, a FIFO, a symlink, a folder), whole-file writes that land atomically
 (a temporary file in the same folder, renamed over the target only once complete), and one writer
-per results file (an advisory ``fcntl.flock`` that a second run finds and names)."""
+per results file (an advisory ``fcntl.flock`` that a second run finds and names): a run's store appends
+under it, and every command that rewrites a whole results file (merge, recheck, re-timing) writes through
+``rewrite_results`` under the same lock. A full disk is one line that says so (``write_error``)."""
 
 from __future__ import annotations
 
 import errno
 import os
+import shutil
 import stat
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Optional
 
 from specbench.engine import interrupt
 from specbench.errors import SpecbenchError
@@ -49,6 +52,17 @@ def check_output(path: str | Path, inputs: Iterable[tuple[str, str | Path | None
         if (theirs.st_dev, theirs.st_ino) == (st.st_dev, st.st_ino):
             raise SpecbenchError(f"{what} {path} is the file {option} {source} reads; writing it would destroy the "
                                  "input, pass another path")
+
+
+def write_error(path: str | Path, exc: OSError, kept: str, then: str = "rerun") -> SpecbenchError:
+    """One line for a write to ``path`` that the system refused: ``kept`` says what is left ("the old file is
+    unchanged"), ``then`` what to run once fixed. A full disk says so and where: that, not the path, is what
+    the user must fix."""
+    path = Path(path)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return SpecbenchError(f"disk full: could not write {path} (no space left in {path.parent}); {kept}; "
+                              f"free space there and {then}")
+    return SpecbenchError(f"could not write {path} ({exc.strerror}); {kept}; {then} once that is fixed")
 
 
 def fsync_folder(folder: Path) -> None:
@@ -144,9 +158,20 @@ class WriterLock:
             os.close(fd)
         else:
             raise SpecbenchError(f"cannot lock {self.path}: other runs keep taking it; pass another {what}")
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        except OSError as exc:  # a full disk: no lock file is left behind
+            self.fd = fd
+            self.release()
+            raise write_error(self.file, exc, "nothing was written") from None
         self.fd: int | None = fd
+
+    def __enter__(self) -> "WriterLock":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
 
     def release(self) -> None:
         if self.fd is None:
@@ -157,3 +182,44 @@ class WriterLock:
             pass
         os.close(self.fd)
         self.fd = None
+
+
+def writer_of(path: str | Path) -> Optional[str]:
+    """The pid of a run appending to ``path`` now (its ``WriterLock``), or None. For files a command only
+    reads but whose completeness matters (the parts a merge joins); it creates nothing."""
+    import fcntl
+
+    try:
+        fd = os.open(lock_path(Path(path)), os.O_RDONLY)
+    except OSError:
+        return None  # no lock file: no writer
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return os.read(fd, 64).decode("ascii", "replace").strip() or "unknown"
+        return None
+    finally:
+        os.close(fd)  # also drops our shared lock
+    return None
+
+
+def rewrite_results(path: str | Path, lines: Iterable[bytes], lock: WriterLock, what: str = "results file") -> Path:
+    """The one way a whole results file is written: ``lines`` (each a whole line) replace ``path`` atomically,
+    while its writer ``lock`` is held (the lock a run's store takes, so a run still appending is refused before
+    anything is read), keeping an old file's mode. A failed write (a full disk) is one line; ``path`` stays as it
+    was and no temporary is left."""
+    path = Path(path)
+    if lock.fd is None or lock.path != path:
+        raise RuntimeError(f"rewrite_results({path}) needs that file's writer lock held")
+    try:
+        with atomic_path(path, what) as tmp:
+            with open(tmp, "wb") as fh:
+                fh.writelines(lines)
+                fh.flush()
+                os.fsync(fh.fileno())
+            if path.is_file():
+                shutil.copymode(path, tmp)
+    except OSError as exc:
+        raise write_error(path, exc, f"{path} is as it was" if path.exists() else "nothing was written") from None
+    return path

@@ -5,7 +5,11 @@ records and checkpoints are kept, and the CLI exits 128 + signal (130 for SIGINT
 A step that does not reach a boundary soon (a forward of minutes, a model load) is not waited for:
 with ``escalate_after`` the stop is raised where the program is once that many seconds have passed,
 during a model load (``abortable``) at once, and on a second signal at once. Only ``critical``
-sections (appending a record, renaming a file into place) hold it back until they are done."""
+sections (appending a record, renaming a file into place) hold it back until they are done.
+
+A stop is never lost to timing: the program notes one that arrives while it still imports its command line
+(``note_early``) and honours it once the command handles signals; and a stop that cuts an import or a load
+ends as a stop even when a library turns it into an error of its own on the way out (``received``)."""
 
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ _pending: int | None = None  # a stop held back by a critical section
 _abortable = 0  # depth of abortable sections (model loads)
 _settled = False  # the stop was raised (or the CLI is reporting): later signals change nothing
 _kept: Callable[[], str] | None = None
+_early: int | None = None  # a signal that arrived while the program was still importing (``note_early``)
 
 
 class Interrupted(BaseException):
@@ -86,6 +91,44 @@ def _handler(signum, frame) -> None:
 
 def requested() -> bool:
     return _received is not None
+
+
+def received() -> int | None:
+    """The signal of the stop requested, if any."""
+    return _received
+
+
+def _note_early(signum, frame) -> None:
+    global _early
+    if _early is None:
+        _early = signum
+
+
+def _default(signum: int):
+    return signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
+
+
+def note_early() -> None:
+    """From the program's first import on (before torch, typer and the rest load): a Ctrl-C / SIGTERM is noted,
+    not acted on, so it cannot end the process with no line or a traceback from the import it cut; ``graceful``
+    takes it over, other commands get it back through ``stop_noting``."""
+    try:
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, _note_early)
+    except ValueError:  # not the main thread
+        pass
+
+
+def stop_noting() -> None:
+    """For a command that stops at once (not under ``graceful``): the default handlers come back and a signal
+    noted during the imports is delivered now."""
+    global _early
+    for s in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(s) is _note_early:
+            signal.signal(s, _default(s))
+    signum, _early = _early, None
+    if signum is not None:
+        signal.raise_signal(signum)
 
 
 def check() -> None:
@@ -160,15 +203,18 @@ def _reset() -> None:
 def graceful(escalate_after: float | None = None) -> Iterator[None]:
     """SIGINT and SIGTERM set the flag while inside; the previous handlers come back after. With
     ``escalate_after`` (seconds), a step that has not reached its boundary by then is stopped where it is."""
-    global _escalate_after
+    global _escalate_after, _received, _early
     _reset()
     _escalate_after = escalate_after
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: _default(s) if h is _note_early else h for s, h in previous.items()}
     try:
         for s in previous:
             signal.signal(s, _handler)
     except ValueError:  # not the main thread: leave the default handlers alone
         previous = {}
+    if _early is not None:  # noted while the program imported: the first check() stops
+        _received, _early = _early, None
     try:
         yield
     finally:

@@ -5,7 +5,8 @@ config hash, the whole query stream, the sides; plus ``rank`` and ``world_size``
 the parts (and, on ``--resume``, an earlier merged ``OUT``) into ``OUT`` in the original query
 order and removes them. ``specbench merge`` does the same by hand. A merge refuses parts of
 different runs, a record held twice, and a query with no record (unless the run skipped it as
-too long for the context; parts record that in ``skip`` lines, which readers ignore).
+too long for the context; parts record that in ``skip`` lines, which readers ignore). It writes under
+``OUT``'s writer lock, the one a run appending to ``OUT`` holds, and refuses a part a run still writes.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from specbench.errors import SpecbenchError
 from specbench.data.results import read_results
-from specbench.data.safe_files import atomic_text, check_output
+from specbench.data.safe_files import WriterLock, check_output, rewrite_results, writer_of
 
 
 def line_key(obj: dict) -> tuple[str, str, str, int]:
@@ -118,14 +119,36 @@ def merge_runs(sources: list[str | Path]) -> tuple[dict, list[dict]]:
     return meta, lines
 
 
-def write_run(out: str | Path, meta: dict, lines: list[dict], inputs: tuple = ()) -> Path:
-    """Write a results file atomically (a reader never sees half of it; a failure leaves no temporary
-    and the old ``out`` as it was). ``inputs``: (option, path) pairs ``out`` may be only if merged from."""
+def merge_into(out: str | Path, sources: list[str | Path], inputs: tuple = ()) -> tuple[dict, list[dict]]:
+    """Merge ``sources`` into ``out`` (``merge_runs``), written atomically under ``out``'s writer lock: taken before
+    any source is read, so a run still appending to ``out`` is refused (naming its pid) rather than losing its
+    records into a replaced file, and none can start meanwhile; a part a run is still writing is refused too.
+    ``inputs``: (option, path) pairs ``out`` may be only if merged from. Returns what was written."""
     import json
 
     out = Path(out)
     check_output(out, inputs)
-    with atomic_text(out) as fh:
-        for obj in [{"type": "header", "meta": meta}, *lines]:
-            fh.write(json.dumps(obj, ensure_ascii=False, default=str) + "\n")
-    return out
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SpecbenchError(f"cannot create the folder of --out {out} ({exc.strerror}); pass another path") from None
+    with WriterLock(out) as lock:
+        for source in sources:
+            if not same_file(source, out) and (pid := writer_of(source)) is not None:
+                raise SpecbenchError(f"{source} is being written by another specbench run (pid {pid}); wait for it "
+                                     "to finish, then merge")
+        meta, lines = merge_runs(sources)
+        objs = [{"type": "header", "meta": meta}, *lines]
+        rewrite_results(out, ((json.dumps(o, ensure_ascii=False, default=str) + "\n").encode("utf-8") for o in objs),
+                        lock, "--out")
+    return meta, lines
+
+
+def same_file(a: str | Path, b: str | Path) -> bool:
+    """Both name one file on disk (False when either is missing)."""
+    import os
+
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False

@@ -27,6 +27,7 @@ import torch
 
 from specbench.engine.drafter import Drafter
 from specbench.engine.registry import available_methods, entry_points, method_class, parse_options
+from specbench.data.safe_files import atomic_text
 from specbench.errors import SpecbenchError, installed_version, unknown_name_error
 from specbench.engine.timing import synchronize
 from specbench.run.run_config import ParityConfig  # noqa: F401  (also imported from here)
@@ -187,6 +188,7 @@ def run_parity(cfg: ParityConfig, progress=None) -> Path:
     from specbench.options import validate
 
     validate(cfg, "parity", commands.label(ParityConfig))  # its declaration: ranges, checks, conflicts
+    out = parity_outputs(cfg)  # every file it will write, before any work
     reference = reference_for(cfg.method)
     if getattr(reference, "unavailable", None):
         raise SpecbenchError(f"{cfg.method} has no parity row: {reference.unavailable}")
@@ -223,7 +225,6 @@ def run_parity(cfg: ParityConfig, progress=None) -> Path:
         raise SpecbenchError(f"no prompt of {cfg.bench!r} fits the target's context with --max-new-tokens "
                              f"{cfg.max_new_tokens}; lower it")
 
-    out = Path(cfg.out) if cfg.out else default_out(cfg)
     header = {"type": "header", "kind": "parity", "method": method, "row": cfg.method, "reference": reference.reference,
               "reference_version": ref_version, "notes": reference.notes, "bench": prompts[0].bench,
               "target": target.name, "dtype": dtype, "dtype_reason": dtype_reason,
@@ -235,9 +236,7 @@ def run_parity(cfg: ParityConfig, progress=None) -> Path:
     generate(target, drafter, warm, GenerationConfig(WARMUP_TOKENS, SamplingParams(0.0), seed=0))
     reference.generate(warm, WARMUP_TOKENS)
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
+    with atomic_text(out) as fh:  # whole or not at all: a failure or a stop leaves the old file, no part
         fh.write(json.dumps(header) + "\n")
         for index, (prompt, ids) in enumerate(fits):
             sides = {}
@@ -256,9 +255,39 @@ def run_parity(cfg: ParityConfig, progress=None) -> Path:
             fh.flush()
             if progress is not None:
                 progress(index + 1, len(fits), line)
-    tmp.replace(out)
     write_table(out.parent, table_folder(cfg, out))
     return out
+
+
+def parity_outputs(cfg: ParityConfig) -> Path:
+    """The parity file ``cfg`` writes, once every file the command will write is known to be writable as such:
+    the parity file (not a device, a link, a folder, the prompt file, or a file of another kind that it would
+    replace) and the table beside it, whose rows pool every ``*.jsonl`` in the parity file's folder, so each of
+    those must be a parity file too. Checked before any work; a refusal names the file and what to do."""
+    from specbench.data.safe_files import check_output
+
+    out = Path(cfg.out) if cfg.out else default_out(cfg)
+    check_output(out, [("--bench", cfg.bench)])
+    if out.is_file() and not is_parity_file(out):
+        raise SpecbenchError(f"--out {out} exists and is not a parity file; writing it would replace it, pass "
+                             "another path")
+    for other in sorted(out.parent.glob("*.jsonl")) if out.parent.is_dir() else []:
+        if other.is_file() and other != out and not is_parity_file(other):
+            raise SpecbenchError(f"{other} is not a parity file, and the parity table pools every .jsonl file in "
+                                 f"{out.parent}; move it out, or pass an --out in a folder of parity files only")
+    folder = table_folder(cfg, out)
+    for table in (folder / f"{TABLE_NAME}.md", folder / f"{TABLE_NAME}.csv"):
+        check_output(table, what="the parity table")
+    return out
+
+
+def is_parity_file(path: Path) -> bool:
+    """Its first line is a parity header (an unreadable or damaged file is not one)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.loads(fh.readline()).get("kind") == "parity"
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def table_folder(cfg: ParityConfig, out: Path) -> Path:
@@ -280,8 +309,11 @@ def timed_call(device: torch.device, fn, *args, **kwargs) -> tuple[Any, float]:
 
 # ---- the table ---------------------------------------------------------------------------------
 def read_parity(path: Path) -> tuple[dict, list[dict]]:
-    lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    if not lines or lines[0].get("kind") != "parity":
+    try:
+        lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except ValueError as exc:  # a damaged line (UnicodeDecodeError is one too)
+        raise SpecbenchError(f"{path} is damaged ({exc}); fix or remove it") from None
+    if not lines or not isinstance(lines[0], dict) or lines[0].get("kind") != "parity":
         raise SpecbenchError(f"{path} is not a parity file (no parity header); move it out of the parity folder")
     return lines[0], [o for o in lines[1:] if o.get("type") == "record"]
 

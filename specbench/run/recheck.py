@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -31,7 +30,7 @@ from specbench.errors import SpecbenchError
 from specbench.records import GenerationRecord
 from specbench.data.benchmarks import Prompt
 from specbench.data.results import hardware, read_results
-from specbench.data.safe_files import WriterLock, atomic_path, check_output
+from specbench.data.safe_files import WriterLock, check_output, rewrite_results
 from specbench.data.streams import load_stream_prompts
 
 _PASS_SUFFIX = re.compile(r"#pass\d+$")  # build_queries' id of a prompt's second and later passes
@@ -163,20 +162,20 @@ def _follow_inherited(records: list[GenerationRecord], by_key: dict[tuple, Gener
     return changed
 
 
-def _rewrite(path: Path, numbers: dict[int, GenerationRecord]) -> None:
+def _rewrite(path: Path, numbers: dict[int, GenerationRecord], lock: WriterLock) -> None:
     """``path`` with the record lines ``numbers`` (1-based line -> record) written again, the other lines
-    (and a torn tail) byte for byte; atomically, keeping the file's mode."""
+    (and a torn tail) byte for byte; atomically under its writer ``lock``, keeping the file's mode."""
     with open(path, "rb") as fh:
         raw = fh.readlines()  # the lines as read_results numbered them
-    with atomic_path(path, "results file") as tmp:
-        with open(tmp, "wb") as fh:
-            for number, line in enumerate(raw, 1):
-                if number in numbers:
-                    obj = json.loads(line)
-                    obj["divergence"] = numbers[number].divergence
-                    line = (json.dumps(obj, ensure_ascii=False, default=str) + "\n").encode("utf-8")
-                fh.write(line)
-        shutil.copymode(path, tmp)
+
+    def line(number: int, text: bytes) -> bytes:
+        if number not in numbers:
+            return text
+        obj = json.loads(text)
+        obj["divergence"] = numbers[number].divergence
+        return (json.dumps(obj, ensure_ascii=False, default=str) + "\n").encode("utf-8")
+
+    rewrite_results(path, [line(n, text) for n, text in enumerate(raw, 1)], lock)
 
 
 def recheck_file(path: str | Path, targets: _Targets, device: str | None = None, data_dir: str | None = None,
@@ -219,7 +218,7 @@ def recheck_file(path: str | Path, targets: _Targets, device: str | None = None,
         numbers = {n: r for n, r in flips}
         line_of = {id(r): n for n, r in content.records}
         numbers.update({line_of[id(indexed[i])]: indexed[i] for i in _follow_inherited(indexed, by_key)})
-        _rewrite(path, numbers)
+        _rewrite(path, numbers, lock)
         note = "" if machine == meta.get("hardware") else f"noise measured on {machine} (the run: {meta.get('hardware')})"
         return Outcome(path, _counts(indexed), len(flips), note)
     finally:

@@ -46,7 +46,7 @@ from specbench.errors import SpecbenchError
 from specbench.data.benchmarks import HEADER_KEY, category_header
 from specbench.options import check_context
 from specbench.data.part_files import find_parts, part_path
-from specbench.run.merge import merge_runs, read_run, write_run
+from specbench.run.merge import merge_into, read_run
 from specbench.engine.prompts import ChatFormat, render_chat
 from specbench.engine.rescore import Rescorer
 from specbench.records import GenerationRecord
@@ -258,8 +258,7 @@ class Runner:
             sources += [self.out] if self.out.exists() else []
         else:
             sources = ours
-        meta, lines = merge_runs(sources)
-        write_run(self.out, meta, lines, inputs=self.inputs)
+        merge_into(self.out, sources, inputs=self.inputs)
         for path in find_parts(self.out):
             path.unlink()
         merged = read_run(self.out)

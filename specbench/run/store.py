@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from specbench.data.results import RecordKey, ResultsContent, read_results, weight_shas
-from specbench.data.safe_files import WriterLock, check_output, publish, temp_path
+from specbench.data.safe_files import WriterLock, check_output, publish, temp_path, write_error
 from specbench.engine import interrupt
 from specbench.errors import SpecbenchError
 from specbench.records import GenerationRecord
@@ -120,6 +120,8 @@ class RunStore:
                 self.fresh, self.published = True, False
             self.good = self.fh.tell()  # bytes of whole lines so far
         except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise write_error(self.path, exc, "nothing was written") from None
             raise SpecbenchError(f"cannot write results to {self.path} ({exc.strerror}); pass a writable --out") from None
 
     def start(self, environment: dict) -> None:
@@ -148,13 +150,16 @@ class RunStore:
                 os.fsync(self.fh.fileno())
             except OSError as exc:
                 self._cut_back()
-                full = " (disk full)" if exc.errno == errno.ENOSPC else ""
-                kept = (f"the file is valid up to its last whole record ({len(self.done)} records); free space and "
-                        "rerun with --resume") if self.published else "nothing was kept; free space and rerun"
-                raise SpecbenchError(f"could not append to {self.path}{full}: {exc.strerror}; {kept}") from None
+                raise self._write_error(exc) from None
             self.good += len(line.encode("utf-8"))
             if obj.get("type") != "header" and not self.published:
                 self._publish()
+
+    def _write_error(self, exc: OSError) -> SpecbenchError:
+        if self.published:
+            return write_error(self.path, exc, f"the file is valid up to its last whole record ({len(self.done)} "
+                                               "records)", "rerun with --resume")
+        return write_error(self.path, exc, "nothing was kept")
 
     def _publish(self) -> None:
         """The first record is on disk: the file takes its place (replacing an old one under --overwrite)."""
@@ -196,17 +201,26 @@ class RunStore:
     def finish(self) -> None:
         """A clean end: a run with no record to write (all skipped or already done) still leaves its file."""
         if not self.published and not self.fresh:
-            self.fh.flush()
-            os.fsync(self.fh.fileno())
+            try:
+                self.fh.flush()
+                os.fsync(self.fh.fileno())
+            except OSError as exc:
+                raise self._write_error(exc) from None
             self._publish()
         self.close()
 
     def close(self) -> None:
-        """Close; a temporary that never got a record is removed (the run failed or stopped before one)."""
-        if self.fh is not None:
-            self.fh.close()
-        if not self.published and self.writing.exists():
-            self.writing.unlink()
-        self.lock.release()
+        """Close; a temporary that never got a record is removed (the run failed or stopped before one), and
+        the writer lock always goes, even when the close itself fails (a full disk)."""
+        try:
+            if self.fh is not None:
+                try:
+                    self.fh.close()
+                except OSError:
+                    pass  # every record was flushed and fsynced when written; nothing whole is lost
+            if not self.published and self.writing.exists():
+                self.writing.unlink()
+        finally:
+            self.lock.release()
 
     abandon = close  # the run failed before its header

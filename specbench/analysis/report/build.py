@@ -22,6 +22,7 @@ from specbench.analysis.report.records import (PathSpec, ResultFile, apart_dtype
                                               load_result_files)
 from specbench.analysis.report.checks import aa_labels, aa_table, divergence_table, machine_slug, split_by_machine, without_aa
 from specbench.analysis.report.cost import block_curves, cost_table
+from specbench.analysis.report.owned import owned_files, remove_stale, write_manifest
 from specbench.analysis.report.page import render_index_html
 from specbench.analysis.report.render import flat_headers, render_csv, render_latex, render_markdown
 from specbench.analysis.report.stats import (BOLD_REPS, BOOTSTRAP_REPS, BOOTSTRAP_SEED, blocks_of_kind, cell_frame,
@@ -152,10 +153,13 @@ def write_report(results_glob_or_paths: PathSpec = "results/*.jsonl", out_dir: s
     """Write every table as .md/.tex/.csv, the figures as PNG+PDF and a self-contained index.html (page.py: the
     verdicts and their chart first, then the tables and figures).
 
+    The folder's ``.report-files.json`` lists what this report wrote; whatever the previous report there wrote
+    and this one does not is removed (owned.py), so no stale table or figure outlives its inputs.
     Returns the written paths, sorted."""
     report = build_report(results_glob_or_paths, paper_numbers)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    previous = owned_files(out)
     written: list[Path] = []
     for table in report.tables:
         for suffix, text in ((".md", render_markdown(table)), (".tex", render_latex(table)),
@@ -172,6 +176,8 @@ def write_report(results_glob_or_paths: PathSpec = "results/*.jsonl", out_dir: s
     index = out / "index.html"
     index.write_text(render_index_html(report, [p for p in figure_paths if p.suffix == ".png"]), encoding="utf-8")
     written.append(index)
+    remove_stale(out, previous, written)
+    write_manifest(out, written)
     return sorted(written)
 
 

@@ -57,23 +57,37 @@ def apart_dtypes(files: Sequence[ResultFile]) -> list[ResultFile]:
 
 
 def resolve_paths(spec: PathSpec) -> list[Path]:
-    """A glob, a file, a folder (its *.jsonl) or a list of those -> sorted unique files."""
+    """A glob, a file, a folder (its *.jsonl) or a list of those -> sorted files. One file reached twice (the
+    same path in two arguments, a folder and a file in it, a link beside its file) is refused: its turns would
+    pool twice."""
+    import os
+
     items = [spec] if isinstance(spec, (str, Path)) else list(spec)
-    found: set[Path] = set()
-    for item in items:
+    found: dict[tuple[int, int], tuple[Path, int]] = {}  # (device, inode) -> the path and the argument that named it
+    for index, item in enumerate(items):
         path = Path(item)
         if path.is_dir():
-            found.update(path.glob("*.jsonl"))
+            matched = sorted(path.glob("*.jsonl"))
         elif path.is_file():
-            found.add(path)
+            matched = [path]
         else:
-            found.update(Path(p) for p in glob.glob(str(item)) if Path(p).is_file())
+            matched = sorted(Path(p) for p in glob.glob(str(item)) if Path(p).is_file())
+        for match in matched:
+            st = os.stat(match)
+            key = (st.st_dev, st.st_ino)
+            if key in found:
+                first, by = found[key]
+                same = f"{match}" if first == match else f"{first} and {match} (one file)"
+                how = f"by {items[by]}" if by == index else f"by {items[by]} and {item}"
+                raise SpecbenchError(f"{same} is given twice ({how}); name each results file once")
+            found[key] = (match, index)
     if not found:
         shown = ", ".join(str(i) for i in items) or "(nothing given)"
         raise SpecbenchError(f"no result files matched {shown}; run `specbench run ...` first")
-    for path in found:  # tables and pages name their files: a name no UTF-8 text can hold is refused first
+    paths = [path for path, _ in found.values()]
+    for path in paths:  # tables and pages name their files: a name no UTF-8 text can hold is refused first
         check_text(str(path), "results file name")
-    return sorted(found, key=str)
+    return sorted(paths, key=str)
 
 
 def read_result_file(path: str | Path) -> ResultFile:
@@ -87,8 +101,33 @@ def read_result_file(path: str | Path) -> ResultFile:
     return ResultFile(path, dict(content.meta or {}), tuple(r for _, r in content.records))
 
 
+def refuse_copies(files: Sequence[ResultFile]) -> None:
+    """Two files of one header where every record of one is in the other, every field and timing alike (a copy
+    of a file, or of part of it) would pool those turns twice: n doubles and every interval narrows. Two runs
+    never time a turn alike, so no real pair of runs is refused. One line naming both files."""
+    import hashlib
+    import json
+
+    def key(obj) -> str:
+        return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+    seen: dict[str, list[tuple[ResultFile, set[str]]]] = {}  # header -> its files and their records
+    for f in files:
+        if not f.records:
+            continue
+        mine = {key(r.to_dict()) for r in f.records}
+        for other, theirs in seen.get(key(f.meta), []):
+            if mine <= theirs or theirs <= mine:
+                small, big = (f, other) if mine <= theirs else (other, f)
+                raise SpecbenchError(f"{other.path} and {f.path} hold the same run: one header, and all "
+                                     f"{len(small.records)} records of {small.path.name} are in {big.path.name}, "
+                                     "timings and all (a copy); give each run once")
+        seen.setdefault(key(f.meta), []).append((f, mine))
+
+
 def load_result_files(spec: PathSpec) -> list[ResultFile]:
     files = [read_result_file(p) for p in resolve_paths(spec)]
+    refuse_copies(files)
     if not any(f.records for f in files):
         names = ", ".join(f.path.name for f in files)
         raise SpecbenchError(f"no records in {names}; run `specbench run ...` first")
