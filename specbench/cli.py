@@ -30,8 +30,15 @@ app.add_typer(train_app, name="train")
 
 
 def _given(flags: dict) -> set[str]:
-    """The flags of `run` set to something other than their command-line default."""
+    """The flags of `run` given on the command line, at their default value too (an explicit `--temperature 0`
+    is the user's word and must reach a preset); outside a command line, those away from their default."""
+    import click
+    from click.core import ParameterSource
+
     fields = commands.flags_of(SideFlags, RunConfig, PresetFlags)
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+        return {d.name for d in fields if ctx.get_parameter_source(d.name) not in (None, ParameterSource.DEFAULT)}
     return {d.name for d in fields if d.name in flags and flags[d.name] != commands.cli_default(d)}
 
 
@@ -49,7 +56,7 @@ def _run(**flags) -> None:
     if flags["preset"] is not None:
         _run_preset(flags, given)
         return
-    if "dry_run" in given:
+    if flags["dry_run"]:
         raise SpecbenchError("--dry-run prints a preset's plan; pass --preset PRESET, or drop --dry-run")
     if flags["method"] is None or flags["bench"] is None:
         raise SpecbenchError("run needs --method and --bench (or --preset PRESET)")

@@ -448,6 +448,10 @@ def load_benchmark(name_or_path: str, data_dir: str | Path | None = None, *, lim
         bench, category_key = card.name, card.categories_field
     if category is not None:
         prompts = _filter_category(prompts, category_key, category, bench)
+    if sample is not None and sample > len(prompts):  # else the run would quietly be smaller than asked
+        where = f"bench {bench!r}" + (f" in category {category!r}" if category is not None else "")
+        raise SpecbenchError(f"--sample {sample} asks for more prompts than the {len(prompts)} of {where}; pass "
+                             f"--sample {len(prompts)} or fewer, or drop --sample to run them all")
     if sample is not None and sample < len(prompts):
         keep = sorted(random.Random(seed).sample(range(len(prompts)), sample))  # file order
         prompts = [prompts[i] for i in keep]

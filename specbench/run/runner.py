@@ -51,7 +51,8 @@ from specbench.engine.prompts import ChatFormat, render_chat
 from specbench.engine.rescore import Rescorer
 from specbench.records import GenerationRecord
 from specbench.data.results import environment_metadata
-from specbench.run.store import RunStore, config_hash
+from specbench.data.safe_files import check_output
+from specbench.run.store import RunStore, check_resumable, config_hash
 from specbench.run.run_config import RunConfig, validate  # noqa: F401  (also imported from here)
 from specbench.data.streams import Query, build_queries, load_stream_prompts, stream_name
 from specbench.engine.target import Target, check_attention
@@ -184,19 +185,24 @@ class Runner:
         self.outs: dict[int, Path] = {}
         self.stores: dict[int, RunStore] = {}
         self.inputs = run_inputs(cfg, specs)
+        for size in self.batch_sizes:
+            out = Path(cfg.out) if cfg.out else default_out(cfg.at_batch(size))
+            self.outs[size] = sweep_out(out, size) if cfg.out and cfg.batch_sweep else out
+            if cfg.out is None:
+                check_label_path(self.outs[size], cfg.method_label)
+            check_output(self.outs[size], self.inputs)  # what the file is, before whether it can be resumed
+        if cfg.resume:
+            check_resumable(list(self.outs.values()), parts=self.world.active)
         try:  # a model that fails to load (or a file that cannot be opened) leaves no results file behind
             for size in self.batch_sizes:
                 at = cfg.at_batch(size)
-                out = Path(cfg.out) if cfg.out else default_out(at)
-                self.out = self.outs[size] = sweep_out(out, size) if cfg.out and cfg.batch_sweep else out
-                if cfg.out is None:
-                    check_label_path(self.out, cfg.method_label)
+                self.out = self.outs[size]
                 meta = {**at.identity(), **shared, "config_hash": config_hash(at.identity())}
                 if self.world.active:
-                    self.store = self._open_part(meta)
+                    self.store = self._open_part(meta, at.identity())
                 else:
                     self.store = RunStore(self.out, meta, resume=cfg.resume, overwrite=cfg.overwrite,
-                                          inputs=self.inputs)
+                                          inputs=self.inputs, identity=at.identity())
                 self.stores[size] = self.store
             self._at(self.batch_sizes[0])
             # a signal during a load stops it at once (nothing to keep yet)
@@ -229,7 +235,7 @@ class Runner:
                           f"drafter sees only every {self.world.size}th query of the stream; run one process for the "
                           "paper's single-stream setting")
 
-    def _open_part(self, meta: dict) -> RunStore:
+    def _open_part(self, meta: dict, identity: dict) -> RunStore:
         """This rank's part file. Every rank checks the merged file and the parts on disk before any
         rank writes (one barrier), so a fresh run never mistakes another rank's new part for an old
         one; on --resume the records already in the merged file or in other parts count as done."""
@@ -243,10 +249,10 @@ class Runner:
         if cfg.resume:
             for path in existing:
                 if path != mine:
-                    done.update(RunStore.read_done(path, meta["config_hash"]))
+                    done.update(RunStore.read_done(path, meta["config_hash"], identity))
         distributed.barrier()
         store = RunStore(mine, {**meta, "rank": world.rank}, resume=cfg.resume, overwrite=cfg.overwrite,
-                         inputs=self.inputs)
+                         inputs=self.inputs, identity=identity)
         store.done.update(done)
         return store
 
