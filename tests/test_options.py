@@ -171,7 +171,7 @@ def test_run_flags_take_help_default_and_spelling_from_the_field():
             if not declared.internal:
                 assert params[declared.name].help == options.help_text(declared), declared.name
     assert params["attn_implementation"].opts == ["--attn"]
-    assert params["passes"].help.endswith("[in [1, 1000]]")  # the range, from the declaration
+    assert params["passes"].help.endswith("(1 <= value <= 1000)")  # the range, from the declaration
     assert set(params["method"].opts) == {"--method", "-m"} and params["method"].default is None
     run = RunConfig(sides=[Side("m")], bench="b")
     assert params["dtype"].default == "auto" and run.dtype == "bfloat16"

@@ -472,13 +472,14 @@ def category_field(bench: str) -> str | None:
 
 def category_header(prompts) -> dict:
     """What a results header records of its prompts' categories: per bench, the meta key they came from
-    (None: the bench has none) and each prompt's value (prompts without one are left out)."""
+    (None: the bench has none) and each prompt's category, or its list where it has several (prompts without
+    one are left out)."""
     out: dict[str, dict] = {}
     for p in prompts:
         entry = out.get(p.bench)
         if entry is None:
             entry = out[p.bench] = {"field": category_field(p.bench), "values": {}}
-        value = p.meta.get(entry["field"]) if entry["field"] else None
-        if value is not None:
-            entry["values"][p.id] = str(value)
+        values = categories_of(p.meta.get(entry["field"])) if entry["field"] else []
+        if values:  # a list's items as text, not the list's repr; one category as itself
+            entry["values"][p.id] = values[0] if len(values) == 1 else values
     return out
