@@ -181,10 +181,12 @@ class RunConfig:
     def check(self, owner: str) -> None:
         """Rules that span fields."""
         from specbench.engine import hub
-        from specbench.engine.target import named_model
+        from specbench.engine.target import check_model_file, named_model
 
         if not self.sides:
             raise SpecbenchError("a run needs at least one side (--method)")
+        if not named_model(self.target):
+            check_model_file(self.target)
         if not named_model(self.target) and not self.target.endswith(".gguf"):  # a folder or a well-formed hub id
             hub.check_reference(self.target, self.target_revision, "target")
         elif self.target_revision:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from specbench.data.part_files import find_parts
 from specbench.data.results import RecordKey, ResultsContent, read_results, weight_shas
-from specbench.data.safe_files import WriterLock, check_output, publish, temp_path
+from specbench.data.safe_files import WriterLock, check_output, publish, replaceable, temp_path
 from specbench.engine import interrupt
 from specbench.errors import SpecbenchError
 from specbench.records import GenerationRecord
@@ -70,7 +70,8 @@ class RunStore:
             existing = has_records(self.path)
         except OSError as exc:  # a folder on the way that this user may not enter
             raise SpecbenchError(f"cannot write results to {self.path} ({exc.strerror}); pass a writable --out") from None
-        self._check_writable()
+        self._check_writable(replace=not (existing and resume) and (overwrite or not existing),
+                             append=existing and resume)
         self.lock = WriterLock(self.path)
         try:
             if existing:
@@ -87,12 +88,20 @@ class RunStore:
             raise
         interrupt.note_kept(self.kept)
 
-    def _check_writable(self) -> None:
+    def _check_writable(self, replace: bool, append: bool) -> None:
+        """Refuse, before any model loads, an output this run could not write: in a read-only folder, a file it
+        may not append to (``append``: --resume) or not replace (``replace``: a sticky folder's other user's file,
+        which the rename of the first record would fail on)."""
         try:
             if self.path.is_dir():
                 raise IsADirectoryError(errno.EISDIR, "a folder")
             if not os.access(self.path.parent, os.W_OK):
                 raise PermissionError(errno.EACCES, "the folder is read-only")
+            if append and not os.access(self.path, os.W_OK):
+                raise PermissionError(errno.EACCES, "the file is read-only")
+            if replace and self.path.exists() and not replaceable(self.path):
+                raise PermissionError(errno.EPERM, "it is another user's file in a folder with the sticky bit, where "
+                                                   "only its owner may replace it")
         except OSError as exc:
             raise SpecbenchError(f"cannot write results to {self.path} ({exc.strerror}); pass a writable --out") from None
 
@@ -182,7 +191,11 @@ class RunStore:
 
     def _publish(self) -> None:
         """The first record is on disk: the file takes its place (replacing an old one under --overwrite)."""
-        publish(self.writing, self.path)
+        try:
+            publish(self.writing, self.path)
+        except OSError as exc:  # what _check_writable could not foresee; named by the results file, not the temporary
+            raise SpecbenchError(f"cannot write results to {self.path} ({exc.strerror}); nothing was kept, pass a "
+                                 "writable --out") from None
         self.writing, self.published, self.replacing = self.path, True, False
 
     def _cut_back(self) -> None:
