@@ -185,9 +185,10 @@ class RunConfig:
 
         if not self.sides:
             raise SpecbenchError("a run needs at least one side (--method)")
-        if not named_model(self.target):
+        named = named_model(self.target)
+        if not named:  # a file that is no .gguf would otherwise be read as a hub id
             check_model_file(self.target)
-        if not named_model(self.target) and not self.target.endswith(".gguf"):  # a folder or a well-formed hub id
+        if not named and not self.target.endswith(".gguf"):  # a folder or a well-formed hub id
             hub.check_reference(self.target, self.target_revision, "target")
         elif self.target_revision:
             raise SpecbenchError(f"--target-revision applies to hub ids; {self.target!r} is not one")
@@ -355,7 +356,7 @@ def identity_of_header(meta: dict) -> dict | None:
 
 # Identity keys that are no flag of their own, as a mismatch names them.
 _IDENTITY_WORDS = {"side_specs": "the sides (--method, --opt, --also, --sweep, --label)",
-                   "prompts_sha256": "the preset's prompts", "batched_loop": "--batched-loop"}
+                   "prompts_sha256": "the preset's prompts"}
 
 
 def identity_differences(theirs: dict, ours: dict) -> list[str]:
@@ -366,13 +367,15 @@ def identity_differences(theirs: dict, ours: dict) -> list[str]:
     def shown(key: str, value: Any) -> str:
         if value is None:
             return "unset"
-        if key == "side_specs" and isinstance(value, list):  # each side as a user writes it: label=method k=v
-            return "; ".join(f"{s.get('label')}={s.get('method')}" + "".join(f" {k}={v}" for k, v in
-                                                                            (s.get("options") or {}).items())
+        if key == "side_specs" and isinstance(value, list):  # each side as --also spells it: method@key=value
+            return ", ".join(str(s.get("method")) + "".join(f"@{k}={v}" for k, v in (s.get("options") or {}).items())
+                             + (f"@label={s.get('label')}" if s.get("label") != s.get("method") else "")
                              for s in value if isinstance(s, dict))
         return json.dumps(value, ensure_ascii=False, default=str)
 
-    same = lambda a, b: json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+    def same(a: Any, b: Any) -> bool:  # as the hash compares them
+        return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+
     keys = [*ours, *(k for k in (*_WHEN_SET, "batch_size", "continuous", "batched_loop", "prompts_sha256")
                      if k in theirs and k not in ours)]
     return [f"{_IDENTITY_WORDS.get(k) or label(k)} {shown(k, theirs.get(k))} then, {shown(k, ours.get(k))} now"
