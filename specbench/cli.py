@@ -29,16 +29,14 @@ app.add_typer(list_app, name="list")
 app.add_typer(train_app, name="train")
 
 
-def _given(flags: dict) -> set[str]:
-    """The flags of `run` given on the command line, at their default value too (an explicit `--temperature 0`
-    is the user's word and must reach a preset); outside a command line, those away from their default."""
-    import click
-    from click.core import ParameterSource
-
+def _given(flags: dict, ctx=None) -> set[str]:
+    """The flags of `run` given on the command line (``ctx``: its context), at their default value too (an
+    explicit `--temperature 0` is the user's word and must reach a preset); without one, those away from
+    their default."""
     fields = commands.flags_of(SideFlags, RunConfig, PresetFlags)
-    ctx = click.get_current_context(silent=True)
     if ctx is not None:
-        return {d.name for d in fields if ctx.get_parameter_source(d.name) not in (None, ParameterSource.DEFAULT)}
+        sources = {d.name: ctx.get_parameter_source(d.name) for d in fields}
+        return {name for name, source in sources.items() if source is not None and source.name != "DEFAULT"}
     return {d.name for d in fields if d.name in flags and flags[d.name] != commands.cli_default(d)}
 
 
@@ -46,13 +44,13 @@ def _given(flags: dict) -> set[str]:
 _PRESET_NAMES = {"out": "out_dir"}
 
 
-def _run(**flags) -> None:
+def _run(ctx=None, **flags) -> None:
     """Run METHOD (and every --also / --sweep side) on BENCH with the vanilla baseline interleaved
     prompt by prompt; print the summary table. BENCH may be a mixed stream: `mixed` or `a+b+c`."""
     from specbench.run.runner import Runner, summary_table
     from specbench.sides import cli_sides, parse_opts
 
-    given = _given(flags)
+    given = _given(flags, ctx)
     if flags["preset"] is not None:
         _run_preset(flags, given)
         return
@@ -93,7 +91,8 @@ def _run_preset(flags: dict, given: set[str]) -> None:
 
 
 # One Typer parameter per declared field (specbench/run/run_config.py): the sides' flags, the run's, the preset's.
-run = app.command(name="run")(commands.command(_run, commands.flags_of(SideFlags, RunConfig, PresetFlags)))
+run = app.command(name="run")(commands.command(_run, commands.flags_of(SideFlags, RunConfig, PresetFlags),
+                                               context=True))
 
 
 @app.command()

@@ -130,8 +130,8 @@ def test_train_help_shows_the_declared_ranges():
     from specbench.training.plugin import registered_trainers
 
     helps = {p.name: p.help for p in trainer_command("eagle3", registered_trainers()["eagle3"]).params}
-    assert helps["epochs"] == "Passes over the training data. [>= 1]"
-    assert helps["held_out"] == "Share of examples kept for evaluation. [in [0, 1)]"
+    assert helps["epochs"] == "Passes over the training data. (value >= 1)"
+    assert helps["held_out"] == "Share of examples kept for evaluation. (0 <= value < 1)"
     assert helps["target"] == "Target the drafter is trained for."  # no range, no brackets
 
 
@@ -151,7 +151,7 @@ def test_every_run_flag_is_a_declared_field():
     from specbench.run.run_config import PresetFlags, RunConfig, SideFlags
 
     declared = [d.name for cls in (SideFlags, RunConfig, PresetFlags) for d in options.declared(cls) if not d.internal]
-    assert list(inspect.signature(run).parameters) == declared
+    assert list(inspect.signature(run).parameters) == ["ctx", *declared]  # ctx: which flags the line gave
     assert not {"sides", "config_file", "prompts"} & set(declared)  # set by code, never a flag
 
 
