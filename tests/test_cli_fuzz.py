@@ -700,7 +700,7 @@ def test_the_resume_command_printed_after_an_overwrite_works(models, tmp_path, c
     code, _, err = cli(args, capsys)
     stopper.join()
     last = err.strip().splitlines()[-1]
-    assert code == 130 and last.startswith("interrupted (SIGINT)"), err
+    assert code == 130 and last.startswith("interrupted (SIGINT; finished records kept in"), err
     resume = shlex.split(last.split("resume with: ", 1)[1])
     assert resume[0] == "specbench" and "--overwrite" not in resume and resume[-1] == "--resume"
     kept = [(r["method"], r["prompt_id"]) for r in read(out)[1:]]
@@ -857,6 +857,7 @@ def test_every_options_help_shows_whole_with_its_brackets_paired():
 def test_a_list_category_is_stored_as_its_values(models, tmp_path, capsys):
     out = tmp_path / "r.jsonl"
     args = base_args(models, out, "--category", "a")
+    args[args.index("--limit") + 1] = "3"
     args[args.index("humaneval")] = str(prompt_file(tmp_path / "p.jsonl", [["a"], "a", ["a", "b"], "b"]))
     assert cli(args, capsys)[0] == 0
     assert read(out)[0]["meta"]["prompt_categories"] == {"p": {"field": "category",
