@@ -791,8 +791,16 @@ def test_a_file_that_is_no_model_is_named_so(tmp_path, capsys, no_loads):
             str(tmp_path / "r.jsonl")]
     only_line(base + ["--target", str(notes)], capsys, f"--target {notes} is a file but not a model file; pass a .gguf "
                                                        "file, a Hugging Face model folder")
-    only_line(base + ["--opt", f"draft={notes}"], capsys, f"sps: draft {notes} is a file but not a model file")
     assert no_run_files(tmp_path) == ["p.jsonl"]
+
+
+def test_a_draft_file_that_is_no_model_is_named_so(models, tmp_path, capsys):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a model\n")
+    args = base_args(models, tmp_path / "r.jsonl")
+    args[args.index(f"draft={models['draft']}")] = f"draft={notes}"
+    one_error(args, capsys, f"sps draft {notes} is a file but not a model file")  # when the draft loads
+    assert no_run_files(tmp_path) == []
 
 
 def test_a_truncated_draft_gguf_is_one_line_naming_it(models, tmp_path, capsys):

@@ -107,16 +107,6 @@ class SpSDrafter(Drafter):
 
         return spec.startswith("truncated:") or named_model(spec)
 
-    @classmethod
-    def check_references(cls, options) -> None:
-        """As every method's, and a draft that is a local file must be a .gguf file (before any model loads)."""
-        from specbench.engine.target import check_model_file
-
-        super().check_references(options)
-        draft = getattr(options, "draft", "")
-        if draft and not cls.builtin_reference(draft):
-            check_model_file(draft, f"{cls.name}: draft")
-
     def __init__(self, options: SpSOptions | None = None, model=None, tokenizer=None) -> None:
         super().__init__(options)  # the options' declaration refuses a schedule outside its Literal
         self.model, self.tokenizer = model, tokenizer
