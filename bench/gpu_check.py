@@ -54,7 +54,7 @@ def batch_sweeps(device: str, out_dir: Path) -> list[tuple[Path, list[str]]]:
     for out, argv in reference.plan(limit=reference.BATCH_LIMIT, repeats=1, stream_limit=1, passes=1):
         if Path(out).name.startswith(group + "_"):
             moved, argv = reference.relocated(out, argv, out_dir, "--device", device)
-            runs.append((Path(moved), argv))
+            runs.append((Path(moved), reference.resuming(moved, argv)))
     return runs
 
 

@@ -6,7 +6,7 @@ fetch`), with transformers' assisted generation on the same pair as a parity run
 
     python bench/reference_set.py --list              # the plan, one command per line, by group with its cost
     python bench/reference_set.py --only main --replace-dirty   # re-run a group whose files record a dirty sha
-    python bench/reference_set.py                     # run what is not finished yet (each run resumes)
+    python bench/reference_set.py                     # run what is not finished yet (each begun run resumes)
     python bench/reference_set.py --only main --bench humaneval
     python bench/reference_set.py --forced            # the bf16 runs again with --check forced (results/forced/)
 
@@ -344,6 +344,12 @@ def cost_line(group: str, runs: int, found: Recorded) -> str:
             f"; {dirty}")
 
 
+def resuming(out: str, argv: list[str]) -> list[str]:
+    """The planned run with ``--resume`` only where a file of it is on disk (`specbench run` refuses to resume a
+    file that does not exist): a run not begun starts, a begun one continues."""
+    return argv if files_of(out) else [arg for arg in argv if arg != "--resume"]
+
+
 def replacing_dirty(out: str, argv: list[str]) -> list[str]:
     """The run started afresh (``--overwrite`` for ``--resume``) where a file of it records a dirty sha; a file
     this re-run already began is clean, so an interrupted re-run resumes."""
@@ -414,10 +420,12 @@ def main() -> None:
         for out, argv in chosen:
             if group_of(out) in groups:
                 print(cost_line(group_of(out), sizes[group_of(out)], groups.pop(group_of(out))))
+            argv = resuming(out, argv)
             print(shlex.join(["specbench", *(replacing_dirty(out, argv) if args.replace_dirty else argv)]))
         return
     for out, argv in chosen:
         name = Path(out).name
+        argv = resuming(out, argv)
         if args.replace_dirty:
             argv = replacing_dirty(out, argv)
         line = shlex.join(["specbench", *argv])

@@ -42,9 +42,14 @@ app.add_typer(list_app, name="list")
 app.add_typer(train_app, name="train")
 
 
-def _given(flags: dict) -> set[str]:
-    """The flags of `run` set to something other than their command-line default."""
+def _given(flags: dict, ctx=None) -> set[str]:
+    """The flags of `run` given on the command line (``ctx``: its context), at their default value too (an
+    explicit `--temperature 0` is the user's word and must reach a preset); without one, those away from
+    their default."""
     fields = commands.flags_of(SideFlags, RunConfig, PresetFlags)
+    if ctx is not None:
+        sources = {d.name: ctx.get_parameter_source(d.name) for d in fields}
+        return {name for name, source in sources.items() if source is not None and source.name != "DEFAULT"}
     return {d.name for d in fields if d.name in flags and flags[d.name] != commands.cli_default(d)}
 
 
@@ -52,17 +57,17 @@ def _given(flags: dict) -> set[str]:
 _PRESET_NAMES = {"out": "out_dir"}
 
 
-def _run(**flags) -> None:
+def _run(ctx=None, **flags) -> None:
     """Run METHOD (and every --also / --sweep side) on BENCH with the vanilla baseline interleaved
     prompt by prompt; print the summary table. BENCH may be a mixed stream: `mixed` or `a+b+c`."""
     from specbench.run.runner import Runner, summary_table
     from specbench.sides import cli_sides, parse_opts
 
-    given = _given(flags)
+    given = _given(flags, ctx)
     if flags["preset"] is not None:
         _run_preset(flags, given)
         return
-    if "dry_run" in given:
+    if flags["dry_run"]:
         raise SpecbenchError("--dry-run prints a preset's plan; pass --preset PRESET, or drop --dry-run")
     if flags["method"] is None or flags["bench"] is None:
         raise SpecbenchError("run needs --method and --bench (or --preset PRESET)")
@@ -99,7 +104,8 @@ def _run_preset(flags: dict, given: set[str]) -> None:
 
 
 # One Typer parameter per declared field (specbench/run/run_config.py): the sides' flags, the run's, the preset's.
-run = app.command(name="run")(commands.command(_run, commands.flags_of(SideFlags, RunConfig, PresetFlags)))
+run = app.command(name="run")(commands.command(_run, commands.flags_of(SideFlags, RunConfig, PresetFlags),
+                                               context=True))
 
 
 @app.command()

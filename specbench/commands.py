@@ -59,10 +59,16 @@ def flags_of(*declarations: type, skip: tuple[str, ...] = ()) -> list[opts.Decla
     return [d for cls in declarations for d in opts.declared(cls) if not d.internal and d.name not in skip]
 
 
-def command(callback: Callable[..., Any], fields: list[opts.Declared], doc: str | None = None) -> Callable[..., Any]:
+def command(callback: Callable[..., Any], fields: list[opts.Declared], doc: str | None = None,
+            context: bool = False) -> Callable[..., Any]:
     """A function with one keyword parameter per field that calls ``callback(**values)``; Typer reads its
-    signature (so the command's flags are the declarations' fields)."""
+    signature (so the command's flags are the declarations' fields). ``context``: ``callback`` also gets
+    ``ctx``, the command's context, which says which flags the command line gave (``get_parameter_source``)."""
     params = [parameter(option) for option in fields]
+    if context:
+        import typer
+
+        params.insert(0, inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context))
 
     def run(**values: Any) -> Any:
         return callback(**values)

@@ -199,6 +199,19 @@ class Declared:
             return ("<= " if high[1] == "]" else "< ") + high[0]
         return ""
 
+    def range_words(self) -> str:
+        """The declared range as an inequality on the value ("" when there is none): "0 < value <= 1",
+        "value >= 1"."""
+        low = (_num(self.ge), "<=") if self.ge is not None else (_num(self.gt), "<") if self.gt is not None else None
+        high = (_num(self.le), "<=") if self.le is not None else (_num(self.lt), "<") if self.lt is not None else None
+        if self.tokens and high is None:
+            high = ("the target's context", "<=")
+        if low and high:
+            return f"{low[0]} {low[1]} value {high[1]} {high[0]}"
+        if low:
+            return f"value {'>=' if low[1] == '<=' else '>'} {low[0]}"
+        return f"value {high[1]} {high[0]}" if high else ""
+
     def kind_text(self) -> str:
         """The type as a user writes it: int, float, true/false, 'a' | 'b', list of int."""
         element = self.element
@@ -471,11 +484,14 @@ def describe(options_cls: type) -> list[dict[str, str]]:
 
 
 def help_text(option: Declared) -> str | None:
-    """A flag's help: the declared text and, where there is one, its range."""
-    span = option.range_text()
-    if not span:
-        return option.help or None
-    return f"{option.help} [{span}]".strip()
+    """A flag's help: the declared text and, where there is one, its range as an inequality (an interval such as
+    (0, 1] would leave its brackets unpaired), escaped for the command line's Rich markup, which would read a `[`
+    before a word (``[@key=value]``) as a style tag and drop it."""
+    from rich.markup import escape
+
+    span = option.range_words()
+    text = f"{option.help} ({span})".strip() if span else option.help
+    return escape(text) if text else None
 
 
 @dataclass

@@ -15,7 +15,9 @@ class GenerationRecord:
     stop_reason: str  # "eos" | "length"
     times: dict[str, float]  # seconds per phase: prefill, draft, compile, verify, commit (+ tree_build, adapt inside draft)
     n_verify: int  # verify calls in the decode phase (prefill's token is not one)
-    accept_lengths: list[int]  # accepted draft nodes per verify call, bonus excluded
+    # accepted draft nodes per verify call, bonus excluded, counted within the turn's cut (EOS, --max-new-tokens):
+    # the last call's tokens past the cut were verified but are not in the text (loop.kept_in_turn)
+    accept_lengths: list[int]
     tree_sizes: list[int]  # drafted nodes per verify call
     depth_attempts: list[int]  # [k-1]: calls where depth k was reachable (parent accepted, has a child)
     depth_accepts: list[int]  # [k-1]: calls that accepted depth k
@@ -57,7 +59,8 @@ class GenerationRecord:
 
     @property
     def committed(self) -> int:
-        """Tokens committed by verify calls (accepted + bonus), before EOS/length truncation."""
+        """Tokens committed by verify calls (accepted + bonus) that the turn keeps: ``num_new - 1`` for a
+        record written since accept lengths stop at the cut (the first token comes from the prefill)."""
         return sum(self.accept_lengths) + len(self.accept_lengths)
 
     def to_dict(self) -> dict:

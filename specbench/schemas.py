@@ -5,6 +5,7 @@ traceback from deep inside a loader or a report."""
 
 from __future__ import annotations
 
+import codecs
 import json
 from pathlib import Path
 from typing import Any, Iterator, Optional, Union
@@ -128,8 +129,8 @@ class PromptLine(BaseModel):
 def read_jsonl(path: Path, what: str, fix: str) -> Iterator[tuple[int, Any]]:
     """(line number, JSON value) of every non-blank line of a JSONL file."""
     try:
-        with open(path, "rb") as fh:
-            raw_lines = fh.read().split(b"\n")
+        with open(path, "rb") as fh:  # a byte-order mark (Windows tools write one) is no part of line 1
+            raw_lines = fh.read().removeprefix(codecs.BOM_UTF8).split(b"\n")
     except IsADirectoryError:
         raise SpecbenchError(f"{what} {path} is a folder; pass a JSONL file") from None
     except OSError as exc:

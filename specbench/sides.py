@@ -142,7 +142,7 @@ def read_config(config: Path) -> dict:
     if not config.is_file():
         raise SpecbenchError(f"config file {config} does not exist; pass a YAML or JSON file of method options")
     try:
-        text = config.read_text(encoding="utf-8")
+        text = config.read_text(encoding="utf-8-sig")  # a byte-order mark (Windows tools write one) is dropped
         loaded = yaml.safe_load(text) if config.suffix in (".yaml", ".yml") else json.loads(text)
     except OSError as exc:
         raise SpecbenchError(f"cannot read config file {config} ({exc.strerror}); check its permissions") from None

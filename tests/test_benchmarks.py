@@ -115,7 +115,9 @@ def test_sample_is_deterministic_and_in_file_order():
     order = [p.id for p in load_benchmark("gsm8k", DATA)]
     assert a == [i for i in order if i in set(a)]
     assert ids(seed=1, limit=5) == a[:5]  # limit applies after sample
-    assert len(load_benchmark("alpaca", DATA, sample=1000)) == 80  # more than there are: all
+    with pytest.raises(SpecbenchError, match="--sample 1000 asks for more prompts than the 80 of bench 'alpaca'"):
+        load_benchmark("alpaca", DATA, sample=1000)  # more than there are: refused, not quietly all
+    assert len(load_benchmark("alpaca", DATA, sample=80)) == 80
 
 
 # ---------------------------------------------------------------- package and hub sources

@@ -170,14 +170,15 @@ def test_draft_with_other_tokenizer_is_refused(models, tmp_path, capsys):
     assert code == 2 and "different vocabulary" in err
 
 
-def test_long_prompts_skip_with_warning_or_fail(models, tmp_path, capsys):
+def test_long_prompts_skip_or_fail(models, tmp_path, capsys):
+    """Every prompt past the context: skipping them all would record nothing, so both modes refuse."""
     args = base_args(models, tmp_path / "r.jsonl")
     args[args.index(models["target"])] = models["short"]
     args[args.index(f"draft={models['draft']}")] = "draft=truncated:1"
-    with pytest.warns(UserWarning, match="context"):
-        assert cli(args, capsys)[0] == 0
-    code, _, err = cli(args + ["--overwrite", "--on-long-prompt", "fail"], capsys)
-    assert code == 2 and "context" in err
+    code, _, err = cli(args, capsys)
+    assert code == 2 and "every prompt of humaneval is past the target's context" in err
+    code, _, err = cli(args + ["--on-long-prompt", "fail"], capsys)
+    assert code == 2 and "context" in err and not (tmp_path / "r.jsonl").exists()
 
 
 def test_cpu_generation_tells_zen3_from_zen4():

@@ -7,24 +7,34 @@ tests in test_cli_regressions.py."""
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import inspect
 import json
 import os
 import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
 import typing
 from collections import Counter
 from pathlib import Path
 from typing import Literal
 
+import pytest
+import torch
 import typer.main
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from bench_data import needs_data
 from specbench import options
 from specbench.cli import app
 from specbench.engine.registry import available_methods, method_class
 from specbench.engine.target import Target
-from test_cli import cli
+from test_cli import REPO, base_args, cli, read
 
 EXAMPLES = 600
 
@@ -482,3 +492,386 @@ def test_file_fuzz(tmp_path, capsys, monkeypatch, models):
         path.with_name(path.stem + "_files" + path.suffix).write_text(json.dumps(summary, indent=2) + "\n")
     assert FILE_STATS["examples"] >= 0.8 * FILE_EXAMPLES
     assert not failures, "\n".join(f"{label}: {argv}: {why}" for label, argv, why in failures[:20])
+
+
+# ------------------------------------------------------------------------------------------------------
+# Issue 70, the run/recheck side: hostile inputs the drawn examples above do not reach (they need a valid file
+# around them, an explicit default, a real run). Each ends in one line and exit 2 with nothing written, or is
+# accepted where accepting is right.
+
+@pytest.fixture
+def no_loads(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the bad input was refused")
+
+    monkeypatch.setattr(Target, "load", classmethod(refuse))
+
+
+def one_error(args, capsys, *needles) -> str:
+    """The command's one error line (exit 2; progress bars of a model load may stand above it)."""
+    code, _, err = cli(args, capsys)
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert code == 2 and len(errors) == 1 and "Traceback" not in err, err
+    for needle in needles:
+        assert needle in errors[0], (needle, errors[0])
+    return errors[0]
+
+
+def only_line(args, capsys, *needles) -> str:
+    """As ``one_error``, refused before anything loads: the error line is all of stderr."""
+    code, _, err = cli(args, capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error:"), err
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+def prompt_file(path: Path, categories: list | None = None, n: int = 3) -> Path:
+    rows = [{"id": f"q{i}", "turns": [f"Say {i}."], **({"meta": {"category": categories[i]}} if categories else {})}
+            for i in range(len(categories) if categories else n)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def no_run_files(folder: Path) -> list[str]:
+    """What a refused run left in ``folder``: results files, temporaries, locks (none, or the test's inputs)."""
+    return sorted(p.name for p in folder.rglob("*") if p.suffix in (".jsonl", ".tmp", ".lock") or "part-" in p.name)
+
+
+def fp32_results(path: Path, flips: bool = False) -> Path:
+    header = {"type": "header", "meta": {"config_hash": "abc", "target": "smollm2-135m", "temperature": 0.0,
+                                         "dtype": "float32", "bench": "p", "stream": ["a"], "stream_turns": [1],
+                                         "sides": ["sps", "vanilla"]}}
+    method = _record("a", "sps")
+    if flips:
+        method["divergence"] = {"status": "unexplained", "position": 1, "method_token": 2, "vanilla_token": 3,
+                                "method_margin": 1.0, "vanilla_margin": 1.0}
+    path.write_text("\n".join(json.dumps(x) for x in [header, method, _record("a", "vanilla")]) + "\n")
+    return path
+
+
+# ---- 1: recheck checks --device and --data-dir as run does, before reading any file
+@pytest.mark.parametrize("flags,needle", [
+    (["--device", "bogus"], "unknown device 'bogus'; use auto, cpu, cuda or cuda:N"),
+    (["--data-dir", "/nonexistent"], "--data-dir /nonexistent is not a folder"),
+    pytest.param(["--device", "cuda"], "CUDA is not available",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")),
+])
+def test_recheck_refuses_a_bad_device_or_data_dir_as_run_does(tmp_path, capsys, no_loads, flags, needle):
+    results = fp32_results(tmp_path / "r.jsonl")  # no flip to re-score: recheck used to exit 0 past the flags
+    before = results.read_bytes()
+    line = only_line(["recheck", str(results), *flags], capsys, needle)
+    assert line == only_line(["run", "--method", "sps", "--bench", "humaneval", *flags], capsys)  # run's own words
+    assert results.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["r.jsonl"]
+
+
+# ---- 9: recheck words the case of no flips truthfully
+def test_recheck_of_a_file_without_flips_says_there_are_none(tmp_path, capsys, no_loads):
+    code, out, err = cli(["recheck", str(fp32_results(tmp_path / "none.jsonl"))], capsys)
+    assert code == 0, err
+    assert "float32: the bound stands (no flips to judge)" in out and "every flip" not in out
+    code, out, err = cli(["recheck", str(fp32_results(tmp_path / "one.jsonl", flips=True))], capsys)
+    assert code == 0 and "float32: the bound stands (every flip exceeds it)" in out, err
+
+
+# ---- 13: a flag given explicitly reaches a preset, at its default value too
+@needs_data
+def test_an_explicit_flag_at_its_default_overrides_the_preset(tmp_path, capsys, no_loads):
+    code, out, err = cli(["run", "--preset", "specblock-table1", "--target", "Qwen/Qwen3-8B", "--temperature", "0",
+                          "--dry-run", "--out", str(tmp_path / "r")], capsys)
+    assert code == 0, err
+    assert "temperatures: 0  [--temperature, in place of the preset's 0, 1]" in out
+    runs = [line for line in out.splitlines() if line.startswith("  ") and ".jsonl  (" in line]
+    assert runs and all(", T=0" in line for line in runs)  # the preset's T = 1 runs are gone
+    code, out, err = cli(["run", "--preset", "dvi-table2", "--target", "lmsys/vicuna-7b-v1.3", "--max-new-tokens",
+                          "128", "--dry-run", "--out", str(tmp_path / "r")], capsys)
+    assert code == 0 and "max new tokens: 128" in out, err  # run's default, given: not the preset's 1024
+    only_line(["run", "--preset", "dvi-table2", "--target", "x", "--warmup"], capsys, "it does not take --warmup")
+    assert not (tmp_path / "r").exists()
+
+
+# ---- 2: a stream names each bench once
+def test_a_stream_naming_a_bench_twice_is_refused(tmp_path, capsys, no_loads):
+    only_line(["run", "--method", "sps", "--bench", "gsm8k+gsm8k", "--out", str(tmp_path / "r.jsonl")], capsys,
+              "mixed stream 'gsm8k+gsm8k' names gsm8k twice; name each bench once")
+    assert not any(tmp_path.iterdir())
+
+
+# ---- 5: --sample no larger than the prompts there are (after --category)
+@pytest.mark.parametrize("extra,needle", [
+    (["--sample", "50"], "--sample 50 asks for more prompts than the 3 of bench 'p'; pass --sample 3 or fewer"),
+    (["--sample", "100000"], "than the 3 of bench 'p'"),
+    (["--sample", "3", "--category", "a"], "--sample 3 asks for more prompts than the 2 of bench 'p' in category 'a'"),
+])
+def test_a_sample_larger_than_the_prompts_is_refused(tmp_path, capsys, no_loads, extra, needle):
+    prompts = prompt_file(tmp_path / "p.jsonl", ["a", ["a"], "b"])
+    args = ["run", "--method", "sps", "--bench", str(prompts), "--out", str(tmp_path / "r.jsonl")]
+    only_line(args + extra, capsys, needle)
+    assert no_run_files(tmp_path) == ["p.jsonl"]
+    with pytest.raises(AssertionError, match="a model was loaded"):  # all there are: accepted
+        cli(args + ["--sample", "3"], capsys)
+
+
+# ---- 15: --drafter names a method with weights, and a folder that exists, already at --dry-run
+def test_a_drafter_without_weights_or_folder_is_refused_at_dry_run(tmp_path, capsys, no_loads):
+    folder = tmp_path / "drafter"
+    folder.mkdir()
+    base = ["reproduce", "dvi-table2", "--target", "lmsys/vicuna-7b-v1.3", "--dry-run", "--out-dir", str(tmp_path / "r")]
+    only_line(base + ["--drafter", f"vanilla={folder}"], capsys, f"--drafter vanilla={folder}: vanilla loads no drafter "
+                                                                  "weights; drop it")
+    only_line(base + ["--drafter", "sps=missing-folder"], capsys, "--drafter sps missing-folder does not exist")
+    only_line(base + ["--drafter", f"sps={tmp_path / 'gone'}"], capsys, "gone does not exist")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["drafter"]
+
+
+# ---- 16: --resume of nothing
+def test_resume_of_a_file_that_does_not_exist_is_refused(tmp_path, capsys, no_loads):
+    out = tmp_path / "r.jsonl"
+    only_line(["run", "--method", "sps", "--bench", str(prompt_file(tmp_path / "p.jsonl")), "--out", str(out),
+               "--resume"], capsys, f"nothing to resume: {out} does not exist; drop --resume")
+    assert no_run_files(tmp_path) == ["p.jsonl"]
+
+
+@needs_data
+def test_a_preset_resumes_the_files_it_has_and_starts_the_others(tmp_path, capsys, no_loads):
+    from specbench.run.preset import build_plan
+
+    out_dir = tmp_path / "r"
+    only_line(["reproduce", "specblock-table1", "--target", "Qwen/Qwen3-8B", "--limit", "1", "--dry-run", "--resume",
+               "--out-dir", str(out_dir)], capsys, "nothing to resume: none of preset specblock-table1's results files "
+                                                   "exists in")
+    planned = build_plan("specblock-table1", "Qwen/Qwen3-8B", limit=1, out_dir=out_dir).runs
+    out_dir.mkdir()
+    Path(planned[0].cfg.out).write_text('{"type": "header", "meta": {}}\n')
+    runs = build_plan("specblock-table1", "Qwen/Qwen3-8B", limit=1, out_dir=out_dir, resume=True).runs
+    assert [run.cfg.resume for run in runs] == [True] + [False] * (len(runs) - 1)
+
+
+# ---- 17: sampling filters at T = 0
+@pytest.mark.parametrize("extra,needle", [
+    (["--top-k", "5"], "--top-k applies only when sampling, and --temperature 0 is greedy; drop --top-k"),
+    (["--top-p", "0.9", "--temperature", "0"], "--top-p applies only when sampling"),
+    (["--top-k", "5", "--top-p", "0.9"], "--top-k and --top-p apply only when sampling"),
+])
+def test_top_k_and_top_p_at_temperature_0_are_refused(tmp_path, capsys, no_loads, extra, needle):
+    args = ["run", "--method", "sps", "--bench", str(prompt_file(tmp_path / "p.jsonl")), "--out",
+            str(tmp_path / "r.jsonl")]
+    only_line(args + extra, capsys, needle)
+    assert no_run_files(tmp_path) == ["p.jsonl"]
+    with pytest.raises(AssertionError, match="a model was loaded"):  # when sampling they apply: accepted
+        cli(args + extra + ["--temperature", "1"], capsys)
+
+
+# ---- 12: a resume with other options names them, with both values
+def test_a_resume_with_other_options_names_each_option_that_differs(models, tmp_path, capsys):
+    out = tmp_path / "r.jsonl"
+    assert cli(base_args(models, out), capsys)[0] == 0
+    before = out.read_bytes()
+    line = one_error(base_args(models, out, "--resume", "--temperature", "0.7", "--max-new-tokens", "7"), capsys,
+                     f"{out} was written by a different configuration (--temperature 0.0 then, 0.7 now; "
+                     "--max-new-tokens 12 then, 7 now); rerun with the same options")
+    assert "config " not in line  # no hashes
+    one_error(base_args(models, out, "--resume", "--also", "pld"), capsys,
+              "the sides (--method, --opt, --also, --sweep, --label) sps@draft=", "@gamma=3, pld now")
+    assert out.read_bytes() == before
+
+
+# ---- 3: the command printed after a stop under --overwrite resumes
+def test_the_resume_command_printed_after_an_overwrite_works(models, tmp_path, capsys):
+    out = tmp_path / "r.jsonl"
+    assert cli(base_args(models, out), capsys)[0] == 0  # a file that --overwrite replaces
+    old = out.stat().st_ino
+    args = base_args(models, out, "--overwrite")
+    args[args.index("--limit") + 1] = "6"
+    args[args.index("--max-new-tokens") + 1] = "32"
+
+    def stop_after_the_first_record() -> None:  # a real Ctrl-C, once the new file has taken the old one's place
+        for _ in range(6000):
+            if out.exists() and out.stat().st_ino != old:
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+            time.sleep(0.005)
+
+    stopper = threading.Thread(target=stop_after_the_first_record)
+    stopper.start()
+    code, _, err = cli(args, capsys)
+    stopper.join()
+    last = err.strip().splitlines()[-1]
+    assert code == 130 and last.startswith("interrupted (SIGINT; finished records kept in"), err
+    resume = shlex.split(last.split("resume with: ", 1)[1])
+    assert resume[0] == "specbench" and "--overwrite" not in resume and resume[-1] == "--resume"
+    kept = [(r["method"], r["prompt_id"]) for r in read(out)[1:]]
+    code, _, err = cli(resume[1:], capsys)  # fed back as printed: it continues the file
+    assert code == 0, err
+    keys = [(r["method"], r["prompt_id"]) for r in read(out)[1:]]
+    assert keys[: len(kept)] == kept and len(keys) == len(set(keys)) == 12
+
+
+# ---- 4: --on-long-prompt says what fits, skips each prompt once by name, and refuses a run of skips only
+def long_prompts(path: Path, words: dict[str, int]) -> Path:
+    path.write_text("".join(json.dumps({"id": pid, "turns": [("word " * n).strip() or "Say hi."]}) + "\n"
+                            for pid, n in words.items()))
+    return path
+
+
+def test_a_prompt_too_long_for_any_max_new_tokens_says_so(models, tmp_path, capsys):
+    args = base_args(models, tmp_path / "r.jsonl", "--on-long-prompt", "fail")
+    args[args.index("humaneval")] = str(long_prompts(tmp_path / "p.jsonl", {"long": 600}))
+    line = one_error(args, capsys, "prompt p/long alone is", "tokens (+ 128 tree slack) and the target's context is "
+                     "512: no --max-new-tokens fits it; pass --on-long-prompt skip or a target with a longer context")
+    assert "lower --max-new-tokens" not in line
+    args[args.index("--max-new-tokens") + 1] = "200"
+    args[args.index(str(tmp_path / "p.jsonl"))] = str(long_prompts(tmp_path / "q.jsonl", {"mid": 250}))
+    one_error(args, capsys, "prompt q/mid needs", "pass --on-long-prompt skip or --max-new-tokens", "or less")
+    assert no_run_files(tmp_path) == ["p.jsonl", "q.jsonl"]
+
+
+def test_skipped_prompts_are_named_and_counted_once(models, tmp_path, capsys):
+    out = tmp_path / "r.jsonl"
+    args = base_args(models, out)
+    args[args.index("humaneval")] = str(long_prompts(tmp_path / "p.jsonl", {"short": 0, "long": 600}))
+    code, stdout, err = cli(args, capsys)
+    assert code == 0, err
+    skips = [line for line in err.splitlines() if line.startswith("skipped")]
+    assert len(skips) == 2 and skips[0].startswith("skipped: prompt p/long alone is"), err  # two sides, one line
+    assert skips[1] == "skipped 1 prompt(s) past the context window"
+    assert "runner.py" not in err and "UserWarning" not in err  # the bench and prompt, not a source line
+    assert sorted({r["prompt_id"] for r in read(out)[1:]}) == ["short"]
+
+
+def test_a_run_whose_every_prompt_is_skipped_is_refused(models, tmp_path, capsys):
+    out = tmp_path / "r.jsonl"
+    args = base_args(models, out)
+    args[args.index("humaneval")] = str(long_prompts(tmp_path / "p.jsonl", {"long": 600, "longer": 700}))
+    one_error(args, capsys, "every prompt of p is past the target's context of 512 tokens (the shortest is",
+              "nothing would be recorded; pick a target with a longer context")
+    args[args.index(str(tmp_path / "p.jsonl"))] = str(long_prompts(tmp_path / "q.jsonl", {"mid": 250}))
+    args[args.index("--max-new-tokens") + 1] = "200"
+    one_error(args, capsys, "every prompt of q is past", "; pass --max-new-tokens", "or less")
+    assert no_run_files(tmp_path) == ["p.jsonl", "q.jsonl"]
+
+
+# ---- 7: an output this user may not replace is refused before the model loads
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root to drop to another user")
+def test_overwrite_of_another_users_file_in_a_sticky_folder_is_refused_before_loading(models, tmp_path):
+    import shutil
+    import tempfile
+
+    shared = Path(tempfile.mkdtemp(dir="/tmp"))
+    shared.chmod(0o1777)  # like /tmp: anyone writes, only a file's owner replaces it
+    out = shared / "r.jsonl"
+    out.write_text('{"type": "header", "meta": {}}\n')  # root's
+    args = base_args(models, out, "--overwrite")
+    args[args.index(models["target"])] = "smollm2-135m"  # every user can read it; refused before it loads
+    args[args.index(f"draft={models['draft']}")] = "draft=truncated:1"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HOME": str(tmp_path)}
+    try:
+        done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m",
+                               "specbench.cli", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        left = sorted(p.name for p in shared.iterdir())
+        content = out.read_text()
+    finally:
+        shutil.rmtree(shared)
+    if "sticky bit" not in done.stderr and "Permission denied" in done.stderr:
+        pytest.skip("the unprivileged user cannot read the checkout, the venv or the prompts")
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert f"cannot write results to {out} (it is another user's file in a folder with the sticky bit" in lines[0]
+    assert ".tmp" not in lines[0] and left == ["r.jsonl"] and content == '{"type": "header", "meta": {}}\n'
+
+
+# ---- 6: a damaged GGUF names the file and the option; a file that is no model says so
+def test_a_file_that_is_no_model_is_named_so(tmp_path, capsys, no_loads):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a model\n")
+    base = ["run", "--method", "sps", "--bench", str(prompt_file(tmp_path / "p.jsonl")), "--out",
+            str(tmp_path / "r.jsonl")]
+    only_line(base + ["--target", str(notes)], capsys, f"--target {notes} is a file but not a model file; pass a .gguf "
+                                                       "file, a Hugging Face model folder")
+    assert no_run_files(tmp_path) == ["p.jsonl"]
+
+
+def test_a_draft_file_that_is_no_model_is_named_so(models, tmp_path, capsys):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a model\n")
+    args = base_args(models, tmp_path / "r.jsonl")
+    args[args.index(f"draft={models['draft']}")] = f"draft={notes}"
+    one_error(args, capsys, f"sps draft {notes} is a file but not a model file")  # when the draft loads
+    assert no_run_files(tmp_path) == []
+
+
+def test_a_truncated_draft_gguf_is_one_line_naming_it(models, tmp_path, capsys):
+    from specbench.engine.target import embedded_gguf
+
+    whole = embedded_gguf("smollm2-135m").read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(whole[: len(whole) // 2])
+    args = base_args(models, tmp_path / "r.jsonl")
+    args[args.index(f"draft={models['draft']}")] = f"draft={cut}"
+    one_error(args, capsys, f"model file {cut} is damaged or truncated", "download or `specbench fetch` it again, or "
+                                                                          "pass another --opt draft")
+    assert no_run_files(tmp_path) == []
+
+
+# ---- 8: a byte-order mark at the start of a prompt or config file is no part of its first line
+def test_a_byte_order_mark_is_accepted(tmp_path, capsys, no_loads):
+    from specbench.data.benchmarks import load_benchmark
+    from specbench.data.preset_files import _read_yaml, preset_files
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_bytes(codecs.BOM_UTF8 + b'{"id": "a", "turns": ["Hi."]}\n')
+    assert [p.id for p in load_benchmark(str(prompts))] == ["a"]
+    config = tmp_path / "opts.json"
+    config.write_bytes(codecs.BOM_UTF8 + b'{"gamma": 3}')
+    with pytest.raises(AssertionError, match="a model was loaded"):  # both read: validation passes
+        cli(["run", "--method", "sps", "--bench", str(prompts), "--config", str(config), "--out",
+             str(tmp_path / "r.jsonl")], capsys)
+    preset = tmp_path / "preset.yaml"
+    preset.write_bytes(codecs.BOM_UTF8 + preset_files()["dvi-table2"].read_bytes())
+    assert _read_yaml(preset)["name"] == "dvi-table2"
+
+
+# ---- 11: every option's help shows whole, its brackets and parentheses paired
+def paired(text: str) -> bool:
+    stack = []
+    for char in text:
+        if char in "([":
+            stack.append(char)
+        elif char in ")]":
+            if not stack or stack.pop() != {")": "(", "]": "["}[char]:
+                return False
+    return not stack
+
+
+def test_every_options_help_shows_whole_with_its_brackets_paired():
+    from rich.text import Text
+
+    bad = []
+    for path, cmd in COMMANDS:
+        for param in cmd.params:
+            raw = getattr(param, "help", None) or ""
+            shown = Text.from_markup(raw).plain  # what the help screen prints (Typer reads help as Rich markup)
+            if not paired(shown) or any(shown.count(c) != raw.count(c) for c in "[]()"):
+                bad.append((" ".join(path), param.name, shown))
+    assert not bad, bad
+    top_p = next(p for p in dict(COMMANDS)[("run",)].params if p.name == "top_p")
+    assert Text.from_markup(top_p.help).plain == "Top-p filter at T > 0 (1 = off). (0 < value <= 1)"
+
+
+# ---- 14: a category given as a list is stored as its value(s), in the header and in the export
+def test_a_list_category_is_stored_as_its_values(models, tmp_path, capsys):
+    out = tmp_path / "r.jsonl"
+    args = base_args(models, out, "--category", "a")
+    args[args.index("--limit") + 1] = "3"
+    args[args.index("humaneval")] = str(prompt_file(tmp_path / "p.jsonl", [["a"], "a", ["a", "b"], "b"]))
+    assert cli(args, capsys)[0] == 0
+    assert read(out)[0]["meta"]["prompt_categories"] == {"p": {"field": "category",
+                                                              "values": {"q0": "a", "q1": "a", "q2": ["a", "b"]}}}
+    code, _, err = cli(["export", str(out), "--out", str(tmp_path / "sb")], capsys)
+    assert code == 0, err
+    answers = {f.name: sorted(json.loads(line)["category"] for line in f.read_text().splitlines())
+               for f in (tmp_path / "sb").glob("*.jsonl")}
+    assert len(answers) == 2 and all(found == ["a", "a", "a, b"] for found in answers.values()), answers

@@ -63,3 +63,31 @@ def test_match_rates_and_overhead():
 def test_unmatched_prompts_give_nan():
     other = [rec("sps", "p9", [1], [0], [], [], {"prefill": 1.0, "verify": 1.0})]
     assert math.isnan(metrics.speedup(other, BASE))
+
+
+def test_tau_counts_only_the_tokens_a_turn_keeps():
+    """A long draft accepted whole in the last verify (vanilla's own tokens, so all of them are accepted) counts
+    only the tokens within --max-new-tokens: τ × verify calls = the tokens the verifies committed to the text,
+    through the one-request loop and the batched loop alike."""
+    from collections import deque
+
+    from specbench.engine.batch_loop import BatchConfig, BatchRequest, generate_batch
+    from specbench.engine.forced import OracleChain
+    from specbench.engine.loop import GenerationConfig, generate
+    from specbench.engine.vanilla import VanillaDrafter
+    from tiny import tiny_target
+
+    target, prompt = tiny_target(0), [1, 2, 3, 4, 5]
+    vanilla = generate(target, VanillaDrafter(), prompt, GenerationConfig(16))
+    for new in (2, 4):
+        oracle = OracleChain(vanilla.new_tokens, [10])  # one verify of 10 drafted tokens, all accepted
+        oracle.setup(target)
+        one = generate(target, oracle, prompt, GenerationConfig(new))
+        oracle = OracleChain(vanilla.new_tokens, [10])
+        oracle.setup(target)
+        (_, batched), = generate_batch(target, oracle, deque([BatchRequest(0, prompt, GenerationConfig(new))]),
+                                       BatchConfig(1))
+        for record in (one, batched):
+            assert record.new_tokens == vanilla.new_tokens[:new] and record.n_verify == 1
+            assert record.accept_lengths == [new - 2]  # 10 accepted; the prefill's token and new - 1 more kept
+            assert metrics.tau([record]) * record.n_verify == record.num_new - 1

@@ -130,8 +130,8 @@ def test_train_help_shows_the_declared_ranges():
     from specbench.training.plugin import registered_trainers
 
     helps = {p.name: p.help for p in trainer_command("eagle3", registered_trainers()["eagle3"]).params}
-    assert helps["epochs"] == "Passes over the training data. [>= 1]"
-    assert helps["held_out"] == "Share of examples kept for evaluation. [in [0, 1)]"
+    assert helps["epochs"] == "Passes over the training data. (value >= 1)"
+    assert helps["held_out"] == "Share of examples kept for evaluation. (0 <= value < 1)"
     assert helps["target"] == "Target the drafter is trained for."  # no range, no brackets
 
 
@@ -151,7 +151,7 @@ def test_every_run_flag_is_a_declared_field():
     from specbench.run.run_config import PresetFlags, RunConfig, SideFlags
 
     declared = [d.name for cls in (SideFlags, RunConfig, PresetFlags) for d in options.declared(cls) if not d.internal]
-    assert list(inspect.signature(run).parameters) == declared
+    assert list(inspect.signature(run).parameters) == ["ctx", *declared]  # ctx: which flags the line gave
     assert not {"sides", "config_file", "prompts"} & set(declared)  # set by code, never a flag
 
 
@@ -171,7 +171,7 @@ def test_run_flags_take_help_default_and_spelling_from_the_field():
             if not declared.internal:
                 assert params[declared.name].help == options.help_text(declared), declared.name
     assert params["attn_implementation"].opts == ["--attn"]
-    assert params["passes"].help.endswith("[in [1, 1000]]")  # the range, from the declaration
+    assert params["passes"].help.endswith("(1 <= value <= 1000)")  # the range, from the declaration
     assert set(params["method"].opts) == {"--method", "-m"} and params["method"].default is None
     run = RunConfig(sides=[Side("m")], bench="b")
     assert params["dtype"].default == "auto" and run.dtype == "bfloat16"

@@ -71,10 +71,12 @@ def test_a_package_outside_the_tree_ships_presets_and_claims(tmp_path, monkeypat
                  Sides(method=("vanilla",))) in load_claims()
     code, out, _ = cli(["list", "presets"], capsys)
     assert code == 0 and "toy-table" in out
-    code, out, err = cli(["reproduce", "toy-table", "--target", "toy/target", "--dry-run", "--drafter", "sps=/d/sps",
-                          "--out-dir", str(tmp_path / "r")], capsys)
+    drafter = tmp_path / "d" / "sps"
+    drafter.mkdir(parents=True)  # --drafter must name a folder that exists (or a hub id)
+    code, out, err = cli(["reproduce", "toy-table", "--target", "toy/target", "--dry-run", "--drafter",
+                          f"sps={drafter}", "--out-dir", str(tmp_path / "r")], capsys)
     assert code == 0, err
-    assert "sps: sps draft=/d/sps gamma=3  [Toy §4]" in out  # --drafter sps fills SpS's own weights option
+    assert f"sps: sps draft={drafter} gamma=3  [Toy §4]" in out  # --drafter sps fills SpS's own weights option
     assert "mt_bench: 2 prompts, 4 turns" in out and "runs (1 results files)" in out
     assert not (tmp_path / "r").exists()
 

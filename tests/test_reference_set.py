@@ -235,7 +235,23 @@ def test_the_gpu_batch_sweeps_are_the_bf16_batch_groups_on_the_device():
         assert argv[-2:] == ["--device", "cuda"] and argv[argv.index("--dtype") + 1] == "bfloat16"
         expected = list(planned[out.name])
         expected[expected.index("--out") + 1] = str(out)
-        assert argv[:-2] == expected
+        assert argv[:-2] == module.resuming(str(out), expected)  # --resume only where a file of it exists
+
+
+def test_a_planned_run_resumes_only_a_file_on_disk(tmp_path, monkeypatch):
+    """`specbench run --resume` refuses a file that does not exist: a run not begun starts, a begun one resumes
+    (a batch sweep's files are one per B)."""
+    module, runs = load_plan()
+    monkeypatch.setattr(module, "ROOT", tmp_path)
+    for out, argv in [next(r for r in runs if "--batch-size" not in r[1]), next(r for r in runs if "--batch-size" in r[1]
+                                                                                 and "," in r[1][r[1].index("--batch-size") + 1])]:
+        assert "--resume" in argv and module.resuming(out, argv) == [a for a in argv if a != "--resume"]
+        begun = tmp_path / out
+        begun.parent.mkdir(parents=True, exist_ok=True)
+        if "--batch-size" in argv:
+            begun = begun.with_name(f"{begun.stem}_B1{begun.suffix}")
+        begun.write_text('{"type": "header", "meta": {}}\n')
+        assert module.resuming(out, argv) == argv
 
 
 def test_the_forced_runs_are_the_greedy_one_request_bf16_runs_with_the_check_in_their_own_folder(monkeypatch):

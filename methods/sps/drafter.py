@@ -137,7 +137,7 @@ class SpSDrafter(Drafter):
                 self.model, self.tokenizer = load_student(source.path, target, dtype), target.tokenizer
             else:
                 self.model, self.tokenizer, _ = load_located(source, dtype, str(target.device),
-                                                             target.attn_implementation)
+                                                             target.attn_implementation, what="--opt draft")
         self.model.eval()
         draft_vocab = self.model.get_output_embeddings().weight.shape[0]
         check_same_vocabulary(target.tokenizer, self.tokenizer, target.vocab_size, draft_vocab,

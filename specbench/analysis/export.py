@@ -84,6 +84,11 @@ def _from_data(bench: str, data_dir: str | None) -> dict | None:
         return None
 
 
+def _one_category(value) -> str:
+    """Spec-Bench's category is one string: a prompt in several categories is in the group of all of them."""
+    return ", ".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
 def question_categories(meta: dict, records: Sequence[GenerationRecord], path: Path,
                         data_dir: str | None = None) -> dict[tuple[str, str], str]:
     """(bench, prompt id) -> category for every question of ``records``, from the header (else the bench's
@@ -107,7 +112,7 @@ def question_categories(meta: dict, records: Sequence[GenerationRecord], path: P
             shown = ", ".join(missing[:5]) + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else "")
             raise SpecbenchError(f"{len(missing)} {bench} question(s) of {path} have no {entry['field']} in {where}: "
                                  f"{shown}; give those prompts a {entry['field']} or leave them out of the run")
-        found.update({(bench, i): entry["values"][i] for i in ids})
+        found.update({(bench, i): _one_category(entry["values"][i]) for i in ids})
     return found
 
 

@@ -95,7 +95,7 @@ DIRECTIONS = (">", ">=", "<")
 def read_claims(path: Path) -> list[Claim]:
     """The claims of one YAML file: a list of mappings with Claim's fields (text, source and a required)."""
     try:
-        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8-sig"))  # utf-8-sig: a byte-order mark is dropped
     except (OSError, yaml.YAMLError) as e:
         raise SpecbenchError(f"claims file {path}: {e}".replace("\n", " ")) from None
     if not isinstance(raw, list) or not all(isinstance(c, dict) for c in raw):

@@ -448,6 +448,10 @@ def load_benchmark(name_or_path: str, data_dir: str | Path | None = None, *, lim
         bench, category_key = card.name, card.categories_field
     if category is not None:
         prompts = _filter_category(prompts, category_key, category, bench)
+    if sample is not None and sample > len(prompts):  # else the run would quietly be smaller than asked
+        where = f"bench {bench!r}" + (f" in category {category!r}" if category is not None else "")
+        raise SpecbenchError(f"--sample {sample} asks for more prompts than the {len(prompts)} of {where}; pass "
+                             f"--sample {len(prompts)} or fewer, or drop --sample to run them all")
     if sample is not None and sample < len(prompts):
         keep = sorted(random.Random(seed).sample(range(len(prompts)), sample))  # file order
         prompts = [prompts[i] for i in keep]
@@ -468,13 +472,14 @@ def category_field(bench: str) -> str | None:
 
 def category_header(prompts) -> dict:
     """What a results header records of its prompts' categories: per bench, the meta key they came from
-    (None: the bench has none) and each prompt's value (prompts without one are left out)."""
+    (None: the bench has none) and each prompt's category, or its list where it has several (prompts without
+    one are left out)."""
     out: dict[str, dict] = {}
     for p in prompts:
         entry = out.get(p.bench)
         if entry is None:
             entry = out[p.bench] = {"field": category_field(p.bench), "values": {}}
-        value = p.meta.get(entry["field"]) if entry["field"] else None
-        if value is not None:
-            entry["values"][p.id] = str(value)
+        values = categories_of(p.meta.get(entry["field"])) if entry["field"] else []
+        if values:  # a list's items as text, not the list's repr; one category as itself
+            entry["values"][p.id] = values[0] if len(values) == 1 else values
     return out

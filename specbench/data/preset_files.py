@@ -28,7 +28,7 @@ def preset_files() -> dict[str, Path]:
 
 def _read_yaml(path: Path) -> dict:
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = yaml.safe_load(path.read_text(encoding="utf-8-sig"))  # utf-8-sig: a byte-order mark is dropped
     except yaml.YAMLError as e:
         raise SpecbenchError(f"preset {path} is not valid YAML: {e}".replace("\n", " ")) from None
     missing = [k for k in ("name", "title", "metric", "temperatures", "max_new_tokens", "targets", "benches", "methods")

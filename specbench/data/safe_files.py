@@ -84,6 +84,14 @@ def temp_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.tmp")
 
 
+def replaceable(path: Path) -> bool:
+    """Whether a rename may replace ``path``: in a folder with the sticky bit (/tmp) only the file's owner, the
+    folder's owner or root may (elsewhere write permission on the folder is enough)."""
+    folder, own = os.stat(path.parent), os.lstat(path)
+    uid = os.geteuid()
+    return not folder.st_mode & stat.S_ISVTX or uid in (0, folder.st_uid, own.st_uid)
+
+
 def publish(tmp: Path, path: Path) -> None:
     """Rename a complete temporary over ``path`` (a signal waits until the rename is done)."""
     with interrupt.critical():

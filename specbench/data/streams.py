@@ -52,6 +52,10 @@ def load_stream_prompts(spec: str, data_dir: str | None = None, *, limit: int | 
         return load_benchmark(spec, data_dir, limit=limit, sample=sample, seed=seed, category=category)
     if category is not None:
         raise SpecbenchError("--category applies to one bench, not to a mixed stream; drop it or run one bench")
+    twice = next((p for i, p in enumerate(parts) if p in parts[:i]), None)
+    if twice is not None:  # records are keyed by prompt id: the second copy of a prompt would look done
+        raise SpecbenchError(f"mixed stream {spec!r} names {twice} twice; name each bench once (--passes N repeats "
+                             "a stream)")
     loaded = [load_benchmark(p, data_dir, limit=limit, sample=sample, seed=seed) for p in parts]
     name = stream_name(spec)
     mixed: list[Prompt] = []

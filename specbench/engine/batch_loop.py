@@ -38,7 +38,7 @@ from specbench.divergence import TopLogits, top_rows
 from specbench.engine import MAX_BATCH, interrupt
 from specbench.engine.batch_target import BatchTarget
 from specbench.engine.drafter import DecodeState, Drafter, VerifyResult
-from specbench.engine.loop import GenerationConfig, _count_depths, _generator, _truncate
+from specbench.engine.loop import GenerationConfig, _count_depths, _generator, _truncate, kept_in_turn
 from specbench.engine.prompts import render_chat
 from specbench.engine.target import Target
 from specbench.engine.timing import NULL_TIMER, PhaseTimer
@@ -163,11 +163,12 @@ def generate_batch(target: Target, drafter: Drafter, queue: deque[BatchRequest],
                 results = []
                 for a, tree, w, out, rows in zip(active, trees, walks, outs, kept):
                     committed = [tree.token_list[n] for n in w.accepted] + [w.bonus]
+                    room = a.request.config.max_new_tokens - len(a.new_tokens)
+                    a.accept_lengths.append(kept_in_turn(committed, a.eos, room) - 1)
                     a.state.tokens.extend(committed)
                     a.new_tokens.extend(committed)
                     a.hit_eos = any(t in a.eos for t in committed)
                     _count_depths(tree, w.accepted, a.attempts, a.accepts)
-                    a.accept_lengths.append(len(w.accepted))
                     a.tree_sizes.append(len(tree))
                     a.chain_calls += tree.is_chain
                     a.rows_seen += len(active)

@@ -226,9 +226,13 @@ def graceful(escalate_after: float | None = None) -> Iterator[None]:
 
 
 def resume_command(argv: list[str] | None = None, flag: str = "--resume") -> str:
-    """The command that was run, with ``flag`` added when it is not already there (empty: unchanged)."""
+    """The command that was run, with ``flag`` added when it is not already there (empty: unchanged). ``--resume``
+    continues the file: the flags that would replace it or say not to resume (``--overwrite``, which cannot be
+    given with it, and ``--no-resume``) are dropped."""
     args = list(sys.argv if argv is None else argv)
     args[0] = "specbench"
+    if flag == "--resume":
+        args = [arg for arg in args if arg not in ("--overwrite", "--no-resume")]
     if flag and flag not in args:
         args.append(flag)
     return shlex.join(args)

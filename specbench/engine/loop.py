@@ -108,11 +108,11 @@ def generate(target: Target, drafter: Drafter, prompt_ids: Sequence[int], config
             rows = [0] + [node + 1 for node in result.accepted]
             target.commit(rows)
             committed = [tree.token_list[n] for n in result.accepted] + [result.bonus]
+            accept_lengths.append(kept_in_turn(committed, eos, config.max_new_tokens - len(new_tokens)) - 1)
             state.tokens.extend(committed)
             new_tokens.extend(committed)
             hit_eos = any(t in eos for t in committed)
             _count_depths(tree, result.accepted, attempts, accepts)
-            accept_lengths.append(len(result.accepted))
             tree_sizes.append(len(tree))
             chain_calls += tree.is_chain
             kept_taps = {i: t[rows] for i, t in out.taps.items()} if out.taps else {}
@@ -162,6 +162,14 @@ def _count_depths(tree, accepted: list[int], attempts: list[int], accepts: list[
         attempts[k] += 1
     for k in range(len(accepted)):
         accepts[k] += 1
+
+
+def kept_in_turn(committed: Sequence[int], eos: set[int], room: int) -> int:
+    """How many of one verify's committed tokens the turn keeps: up to its first EOS and within the ``room``
+    left in the token budget. A record's accept length counts only these, so τ never counts tokens cut from
+    the text (a long draft accepted in the last step)."""
+    stop = next((i + 1 for i, t in enumerate(committed) if t in eos), len(committed))
+    return min(stop, room)
 
 
 def _truncate(tokens: list[int], eos: set[int], limit: int) -> tuple[list[int], str]:

@@ -94,8 +94,10 @@ class CompiledTree:
     mask: torch.Tensor | None  # additive [1, 1, N+1, past+N+1]
 
 
-def _load_gguf(path: Path, dtype: torch.dtype, attn_implementation: str, device_map: str | None = None):
-    """Load a GGUF model, caching the dequantised weights as safetensors (28 s -> ~1 s)."""
+def _load_gguf(path: Path, dtype: torch.dtype, attn_implementation: str, device_map: str | None = None,
+               what: str = "--target"):
+    """Load a GGUF model, caching the dequantised weights as safetensors (28 s -> ~1 s); ``what`` names the option
+    that gave it, for the error a damaged file gets."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     stat = path.stat()
@@ -116,7 +118,7 @@ def _load_gguf(path: Path, dtype: torch.dtype, attn_implementation: str, device_
         except Exception as exc:  # noqa: BLE001 - a cut or damaged file fails anywhere in the GGUF reader
             first = (str(exc).strip().splitlines() or [""])[0][:160]
             raise SpecbenchError(f"model file {path} is damaged or truncated ({type(exc).__name__}: {first}); "
-                                 "download it again or pass another --target") from None
+                                 f"download or `specbench fetch` it again, or pass another {what}") from None
         # A GGUF-loaded model refuses save_pretrained until its quantizer marks are cleared.
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):
@@ -157,6 +159,18 @@ def _load_folder_or_hub(spec: str, dtype: torch.dtype, attn_implementation: str,
     return model, tokenizer
 
 
+def check_model_file(spec: str, what: str = "--target") -> None:
+    """A local file named as a model must be a .gguf file: any other file (a .txt, a results file) would be read
+    as a hub id and refused for its syntax. ``what``: how the user named it."""
+    try:
+        is_file = Path(spec).expanduser().is_file()
+    except OSError:  # a name the system cannot look up: the loader says so
+        return
+    if is_file and not spec.endswith(".gguf"):
+        raise SpecbenchError(f"{what} {spec} is a file but not a model file; pass a .gguf file, a Hugging Face model "
+                             "folder (config.json + weights) or a hub id org/name")
+
+
 def locate_model(spec: str, revision: str | None = None, what: str = "model") -> "Resolved":
     """Where a model's files are: the embedded GGUF, a .gguf file, a local folder, or a hub id
     (``org/name[@rev]``, downloaded or taken from the HF cache) with the commit it resolved to."""
@@ -166,6 +180,7 @@ def locate_model(spec: str, revision: str | None = None, what: str = "model") ->
         if revision:
             raise SpecbenchError(f"{spec!r} is a named model file; --target-revision applies to hub ids only")
         return hub.Resolved(spec, embedded_gguf(spec) if spec in _EMBEDDED else locate_packaged(spec))
+    check_model_file(spec, what)
     name = hub.split_reference(spec, revision)[0]
     if spec.endswith(".gguf") and not Path(name).expanduser().is_file():
         raise SpecbenchError(f"model file {spec} does not exist; pass an existing .gguf path")
@@ -187,13 +202,13 @@ def load_causal_lm(spec: str, dtype: str | torch.dtype = "bfloat16", device: str
 
 
 def load_located(source: "Resolved", dtype: str | torch.dtype = "bfloat16", device: str = "cpu",
-                 attn_implementation: str = "sdpa", device_map: str | None = None):
-    """(model, tokenizer, source) from files ``locate_model`` found."""
+                 attn_implementation: str = "sdpa", device_map: str | None = None, what: str = "--target"):
+    """(model, tokenizer, source) from files ``locate_model`` found; ``what`` names the option that gave them."""
     dtype = resolve_dtype(dtype)
     path = source.path
     try:
         if path.suffix == ".gguf":
-            model, tok = _load_gguf(path, dtype, attn_implementation, device_map)
+            model, tok = _load_gguf(path, dtype, attn_implementation, device_map, what)
         else:
             model, tok = _load_folder_or_hub(str(path), dtype, attn_implementation, device_map)
     except SpecbenchError:

@@ -30,6 +30,7 @@ from specbench.engine.registry import available_methods, method_class
 from specbench.errors import SpecbenchError
 from specbench.run.run_config import ReproduceConfig
 from specbench.run.runner import BASELINE, RunConfig
+from specbench.run.store import has_records
 from specbench.sides import Side
 
 _ENTRY_META = ("source", "train", "revision", "note")  # drafter-entry keys that are not method options
@@ -42,7 +43,7 @@ def plan_for(cfg: ReproduceConfig) -> "Plan":
     return build_plan(cfg.preset, cfg.target, limit=cfg.limit, out_dir=cfg.out_dir or Path("results") / cfg.preset,
                       drafters=cfg.drafter, device=cfg.device, dtype=cfg.dtype, max_new_tokens=cfg.max_new_tokens,
                       data_dir=cfg.data_dir, target_revision=cfg.target_revision, resume=cfg.resume,
-                      overwrite=cfg.overwrite)
+                      overwrite=cfg.overwrite, temperature=cfg.temperature)
 
 
 # ------------------------------------------------------------------------------------------- the plan
@@ -260,7 +261,7 @@ def _supported(field_name: str) -> bool:
 def build_plan(name: str, target: str, *, limit: int | None = None, out_dir: str | Path = "results",
                drafters: dict[str, str] | None = None, device: str = "cpu", dtype: str | None = None,
                max_new_tokens: int | None = None, data_dir: str | None = None, target_revision: str | None = None,
-               resume: bool = False, overwrite: bool = False) -> Plan:
+               resume: bool = False, overwrite: bool = False, temperature: float | None = None) -> Plan:
     """Everything a reproduction will run, as RunConfigs; loads prompt files, never a model."""
     preset = load_preset(name)
     notes: list[str] = []
@@ -275,7 +276,7 @@ def build_plan(name: str, target: str, *, limit: int | None = None, out_dir: str
     new_tokens = max_new_tokens or preset["max_new_tokens"]
     if new_tokens is None:
         raise SpecbenchError(f"preset {name}: {preset.get('max_new_tokens_source', 'max new tokens not stated')}")
-    temperatures = [float(t) for t in preset["temperatures"]]
+    temperatures = [float(t) for t in preset["temperatures"]] if temperature is None else [float(temperature)]
     benches = [_bench_plan(spec, data_dir, limit) for spec in preset["benches"]]
     runnable, skipped = _sides(preset, entry)
     skipped += [(u["method"], u["reason"]) for u in preset.get("unavailable") or []]
@@ -324,6 +325,12 @@ def build_plan(name: str, target: str, *, limit: int | None = None, out_dir: str
                 cfg = RunConfig(sides=[Side(BASELINE)], baseline="none", attn_implementation=attn,
                                 out=str(out / f"{stem}_vanilla-{attn}.jsonl"), **common)
                 runs.append(RunPlan(cfg, bench.bench, temp, [SidePlan(Side(BASELINE), "")]))
+    if resume:  # each run resumes its own file where it has one; a run not begun yet starts
+        for run in runs:
+            run.cfg.resume = has_records(Path(run.cfg.out))
+        if runs and not any(run.cfg.resume for run in runs):
+            raise SpecbenchError(f"nothing to resume: none of preset {name}'s results files exists in {out}; drop "
+                                 "--resume")
     return Plan(preset, target, entry, benches, all_sides, skipped, runs, new_tokens, temperatures, notes)
 
 
@@ -360,6 +367,14 @@ def _swept_key(group: list[SidePlan]) -> str | None:
     return group[0].side.shown[0] if len(group) > 1 and group[0].side.shown else None
 
 
+def _temperatures_source(plan: Plan) -> str:
+    """Where the plan's temperatures come from: the preset's source, or --temperature in place of the preset's."""
+    theirs = [float(t) for t in plan.preset["temperatures"]]
+    if plan.temperatures == theirs:
+        return plan.preset.get("temperatures_source", "")
+    return f"--temperature, in place of the preset's {', '.join(f'{t:g}' for t in theirs)}"
+
+
 def format_plan(plan: Plan) -> str:
     p = plan.preset
     lines = [f"preset {p['name']}: {p['title']}",
@@ -368,7 +383,7 @@ def format_plan(plan: Plan) -> str:
              f"  chat template kwargs: {plan.target_entry.get('chat_template_kwargs') or {}}"
              + (f"; template {p['chat_template']}" if p.get("chat_template") else ""),
              f"  max new tokens: {plan.max_new_tokens}  [{p.get('max_new_tokens_source', '')}]",
-             f"  temperatures: {', '.join(f'{t:g}' for t in plan.temperatures)}  [{p.get('temperatures_source', '')}]",
+             f"  temperatures: {', '.join(f'{t:g}' for t in plan.temperatures)}  [{_temperatures_source(plan)}]",
              f"  dtype: {plan.runs[0].cfg.dtype if plan.runs else p.get('dtype')}  [{p.get('dtype_source', '')}]",
              f"  paper metric: {p['metric']['name']}: {p['metric']['description']}  [{p['metric'].get('source', '')}]"]
     if p.get("variant_of"):

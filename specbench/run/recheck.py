@@ -20,18 +20,20 @@ from typing import Callable
 
 import torch
 
-from specbench import divergence
+from specbench import commands, divergence
 from specbench.engine import VANILLA
 from specbench.engine.devices import resolve_device
 from specbench.engine.prompts import ChatFormat, render_chat
 from specbench.engine.rescore import EXACT_DTYPES, Rescorer
 from specbench.engine.target import Target, resolve_dtype
 from specbench.errors import SpecbenchError
+from specbench.options import check_values, declared_by_name
 from specbench.records import GenerationRecord
 from specbench.data.benchmarks import Prompt
 from specbench.data.results import hardware, read_results
 from specbench.data.safe_files import WriterLock, check_output, rewrite_results
 from specbench.data.streams import load_stream_prompts
+from specbench.run.run_config import RunConfig
 
 _PASS_SUFFIX = re.compile(r"#pass\d+$")  # build_queries' id of a prompt's second and later passes
 
@@ -197,12 +199,14 @@ def recheck_file(path: str | Path, targets: _Targets, device: str | None = None,
         if float(meta.get("temperature") or 0.0) != 0.0:
             return Outcome(path, note=f"T = {meta.get('temperature')}: no greedy divergences to re-check")
         dtype = str(meta.get("dtype") or "")
+        first_flips = [(n, r) for n, r in content.records if divergence.rescorable(r.divergence)]
         if not divergence.exact_rule_applies(resolve_dtype(dtype)):
-            return Outcome(path, _counts(indexed), note=f"{dtype}: the bound stands (every flip exceeds it)")
-        flips = [(n, r) for n, r in content.records if divergence.rescorable(r.divergence)
-                 and (again or r.divergence.get("rule") != divergence.EXACT)]
+            judged = "every flip exceeds it" if first_flips else "no flips to judge"
+            return Outcome(path, _counts(indexed), note=f"{dtype}: the bound stands ({judged})")
+        flips = [(n, r) for n, r in first_flips if again or r.divergence.get("rule") != divergence.EXACT]
         if not flips:
-            return Outcome(path, _counts(indexed), note="nothing new to re-score")
+            why = "nothing new to re-score" if first_flips else "no flips to judge"
+            return Outcome(path, _counts(indexed), note=why)
         where = resolve_device(_device(meta, device))
         machine = hardware(where)
         _same_machine(meta, machine, other_machine)
@@ -225,6 +229,12 @@ def recheck_file(path: str | Path, targets: _Targets, device: str | None = None,
         lock.release()
 
 
+def check_flags(device: str | None, data_dir: str | None) -> None:
+    """``--device`` and ``--data-dir`` refused as `specbench run` refuses them (its declarations' checks), before
+    any file is read: a file without flips to re-score would otherwise never look at them."""
+    check_values({"device": device, "data_dir": data_dir}, declared_by_name(RunConfig), commands.label(RunConfig))
+
+
 def recheck(paths: list[Path], device: str | None = None, data_dir: str | None = None, again: bool = False,
             exact_dtype: str = "float32", refused: Callable[[Path, str], None] = lambda path, why: None,
             other_machine: bool = False) -> list[Outcome]:
@@ -232,6 +242,7 @@ def recheck(paths: list[Path], device: str | None = None, data_dir: str | None =
     one-line reason and left as it was."""
     if exact_dtype not in EXACT_DTYPES:
         raise SpecbenchError(f"--exact-dtype must be {' or '.join(EXACT_DTYPES)} (got {exact_dtype!r})")
+    check_flags(device, data_dir)
     targets, out = _Targets(), []
     for path in paths:
         try:

@@ -181,17 +181,25 @@ class RunConfig:
     def check(self, owner: str) -> None:
         """Rules that span fields."""
         from specbench.engine import hub
-        from specbench.engine.target import named_model
+        from specbench.engine.target import check_model_file, named_model
 
         if not self.sides:
             raise SpecbenchError("a run needs at least one side (--method)")
-        if not named_model(self.target) and not self.target.endswith(".gguf"):  # a folder or a well-formed hub id
+        named = named_model(self.target)
+        if not named:  # a file that is no .gguf would otherwise be read as a hub id
+            check_model_file(self.target)
+        if not named and not self.target.endswith(".gguf"):  # a folder or a well-formed hub id
             hub.check_reference(self.target, self.target_revision, "target")
         elif self.target_revision:
             raise SpecbenchError(f"--target-revision applies to hub ids; {self.target!r} is not one")
         if self.batch_sweep and (len(self.batch_sweep) < 2 or max(self.batch_sweep) != self.batch_size):
             raise SpecbenchError(f"a batch sweep needs two or more sizes, the largest being batch_size "
                                  f"(got {self.batch_sweep} with batch_size {self.batch_size})")
+        filters = [flag for flag, on in (("--top-k", self.top_k != 0), ("--top-p", self.top_p != 1)) if on]
+        if self.temperature == 0 and filters:  # greedy decoding takes the argmax: a filter would be recorded, not used
+            named = " and ".join(filters)
+            raise SpecbenchError(f"{named} appl{'y' if len(filters) > 1 else 'ies'} only when sampling, and "
+                                 f"--temperature 0 is greedy; drop {named} or pass a --temperature above 0")
         if self.turn_check == "forced" and (self.temperature != 0 or not self.with_baseline):
             raise SpecbenchError("--check forced compares each method turn with vanilla's greedy turn: it needs "
                                  f"--temperature 0, --baseline {BASELINE} and a method other than {BASELINE}")
@@ -248,6 +256,20 @@ def drafter_map(items: list[str]) -> dict[str, str]:
     return drafters
 
 
+def check_drafters(drafters: dict[str, str]) -> None:
+    """Each ``--drafter METHOD=VALUE`` names a method that loads drafter weights, and an existing folder or a
+    well-formed hub id (what the run would refuse only once the model is loaded), so ``--dry-run`` refuses it."""
+    from specbench.engine import hub
+    from specbench.engine.registry import method_class
+
+    for name, value in drafters.items():
+        cls = method_class(name)
+        if not cls.weight_options:
+            raise SpecbenchError(f"--drafter {name}={value}: {name} loads no drafter weights; drop it")
+        if not cls.builtin_reference(value):
+            hub.check_reference(value, None, f"--drafter {name}")
+
+
 def _method_names() -> list[str]:
     from specbench.engine.registry import available_methods
 
@@ -269,9 +291,12 @@ class ReproduceConfig:
     dtype: Optional[str] = option(None, "Override the preset's dtype.", check=DTYPE)
     max_new_tokens: Optional[int] = option(None, "Override (or supply, where the paper states none) max new tokens.",
                                            ge=1, tokens=True)
+    temperature: Optional[float] = option(None, "Run only this temperature instead of the preset's (0 = greedy).",
+                                          ge=0, note="0 is greedy")
     drafter: dict = option({}, "METHOD=PATH_OR_HUB_ID: a drafter for a method the preset cannot name (repeatable).",
                            flag="--drafter", cli_default=[], cli_type=list[str], convert=drafter_map,
-                           choices=_method_names, note="not a registered method; see `specbench list methods`")
+                           choices=_method_names, check=check_drafters,
+                           note="not a registered method; see `specbench list methods`")
     target_revision: Optional[str] = option(None, "Target revision (commit, tag or branch).")
     data_dir: Optional[str] = option(None, "Folder of benchmark JSONL files (else $SPECBENCH_DATA).",
                                      check=DATA_FOLDER)
@@ -327,6 +352,34 @@ def identity_of_header(meta: dict) -> dict | None:
     ident["side_specs"] = [side.header() for side in recorded_sides(meta)]
     ident.update({k: meta[k] for k in _WHEN_SET if k in meta})
     return ident
+
+
+# Identity keys that are no flag of their own, as a mismatch names them.
+_IDENTITY_WORDS = {"side_specs": "the sides (--method, --opt, --also, --sweep, --label)",
+                   "prompts_sha256": "the preset's prompts"}
+
+
+def identity_differences(theirs: dict, ours: dict) -> list[str]:
+    """What differs between a results header (``theirs``) and a run's identity (``ours``, ``RunConfig.identity``),
+    one phrase per option: "--temperature 0.0 then, 0.5 now"; an option set on one side only counts too."""
+    label = commands.label(RunConfig)
+
+    def shown(key: str, value: Any) -> str:
+        if value is None:
+            return "unset"
+        if key == "side_specs" and isinstance(value, list):  # each side as --also spells it: method@key=value
+            return ", ".join(str(s.get("method")) + "".join(f"@{k}={v}" for k, v in (s.get("options") or {}).items())
+                             + (f"@label={s.get('label')}" if s.get("label") != s.get("method") else "")
+                             for s in value if isinstance(s, dict))
+        return json.dumps(value, ensure_ascii=False, default=str)
+
+    def same(a: Any, b: Any) -> bool:  # as the hash compares them
+        return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+
+    keys = [*ours, *(k for k in (*_WHEN_SET, "batch_size", "continuous", "batched_loop", "prompts_sha256")
+                     if k in theirs and k not in ours)]
+    return [f"{_IDENTITY_WORDS.get(k) or label(k)} {shown(k, theirs.get(k))} then, {shown(k, ours.get(k))} now"
+            for k in dict.fromkeys(keys) if not same(theirs.get(k), ours.get(k))]
 
 
 def validate(cfg: RunConfig) -> RunConfig:

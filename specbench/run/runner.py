@@ -51,7 +51,8 @@ from specbench.engine.prompts import ChatFormat, render_chat
 from specbench.engine.rescore import Rescorer
 from specbench.records import GenerationRecord
 from specbench.data.results import environment_metadata
-from specbench.run.store import RunStore, config_hash
+from specbench.data.safe_files import check_output
+from specbench.run.store import RunStore, check_resumable, config_hash
 from specbench.run.run_config import RunConfig, validate  # noqa: F401  (also imported from here)
 from specbench.data.streams import Query, build_queries, load_stream_prompts, stream_name
 from specbench.engine.target import Target, check_attention
@@ -162,6 +163,7 @@ class Runner:
                                  "not under torchrun")
         if self.world.active and cfg.loop == "batched":
             raise SpecbenchError("--batch-size decodes a batch in one process; run it without torchrun")
+        self.stream_prompts = prompts  # every rank's: what --on-long-prompt skip checks before a turn runs
         stream = build_queries(prompts, cfg.passes)
         self.queries: list[Query] = distributed.shard(stream, self.world)
         self.bench = prompts[0].bench if prompts else stream_name(cfg.bench)
@@ -184,19 +186,24 @@ class Runner:
         self.outs: dict[int, Path] = {}
         self.stores: dict[int, RunStore] = {}
         self.inputs = run_inputs(cfg, specs)
+        for size in self.batch_sizes:
+            out = Path(cfg.out) if cfg.out else default_out(cfg.at_batch(size))
+            self.outs[size] = sweep_out(out, size) if cfg.out and cfg.batch_sweep else out
+            if cfg.out is None:
+                check_label_path(self.outs[size], cfg.method_label)
+            check_output(self.outs[size], self.inputs)  # what the file is, before whether it can be resumed
+        if cfg.resume:
+            check_resumable(list(self.outs.values()), parts=self.world.active)
         try:  # a model that fails to load (or a file that cannot be opened) leaves no results file behind
             for size in self.batch_sizes:
                 at = cfg.at_batch(size)
-                out = Path(cfg.out) if cfg.out else default_out(at)
-                self.out = self.outs[size] = sweep_out(out, size) if cfg.out and cfg.batch_sweep else out
-                if cfg.out is None:
-                    check_label_path(self.out, cfg.method_label)
+                self.out = self.outs[size]
                 meta = {**at.identity(), **shared, "config_hash": config_hash(at.identity())}
                 if self.world.active:
-                    self.store = self._open_part(meta)
+                    self.store = self._open_part(meta, at.identity())
                 else:
                     self.store = RunStore(self.out, meta, resume=cfg.resume, overwrite=cfg.overwrite,
-                                          inputs=self.inputs)
+                                          inputs=self.inputs, identity=at.identity())
                 self.stores[size] = self.store
             self._at(self.batch_sizes[0])
             # a signal during a load stops it at once (nothing to keep yet)
@@ -207,7 +214,8 @@ class Runner:
                 store.abandon()
             raise
         self.sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
-        self.skipped: list[str] = []
+        self.skipped: list[str] = []  # prompt ids skipped past the context, each once
+        self.warned: set[tuple[str, int]] = set()  # (prompt id, tokens) of the turns a skip line was printed for
         # T = 0 with a vanilla side: each method turn is compared with vanilla's (divergence.py); a method turn
         # that ran before its vanilla twin waits here, unwritten, until the twin exists (lost on an interrupt,
         # so a resume reruns it).
@@ -229,7 +237,7 @@ class Runner:
                           f"drafter sees only every {self.world.size}th query of the stream; run one process for the "
                           "paper's single-stream setting")
 
-    def _open_part(self, meta: dict) -> RunStore:
+    def _open_part(self, meta: dict, identity: dict) -> RunStore:
         """This rank's part file. Every rank checks the merged file and the parts on disk before any
         rank writes (one barrier), so a fresh run never mistakes another rank's new part for an old
         one; on --resume the records already in the merged file or in other parts count as done."""
@@ -243,10 +251,10 @@ class Runner:
         if cfg.resume:
             for path in existing:
                 if path != mine:
-                    done.update(RunStore.read_done(path, meta["config_hash"]))
+                    done.update(RunStore.read_done(path, meta["config_hash"], identity))
         distributed.barrier()
         store = RunStore(mine, {**meta, "rank": world.rank}, resume=cfg.resume, overwrite=cfg.overwrite,
-                         inputs=self.inputs)
+                         inputs=self.inputs, identity=identity)
         store.done.update(done)
         return store
 
@@ -262,7 +270,7 @@ class Runner:
         for path in find_parts(self.out):
             path.unlink()
         merged = read_run(self.out)
-        self.skipped = [o["prompt_id"] for o in merged.lines if o["type"] == "skip"]
+        self.skipped = list(dict.fromkeys(o["prompt_id"] for o in merged.lines if o["type"] == "skip"))
         return [GenerationRecord.from_dict(o) for o in merged.lines if o["type"] == "record"]
 
     def _load(self, cfg: RunConfig, parsed: list, with_baseline: bool) -> None:
@@ -307,15 +315,50 @@ class Runner:
 
     # ---- one prompt ------------------------------------------------------------------------
     def _fits(self, ids: list[int], prompt: Prompt) -> bool:
+        """Whether the turn ``ids`` leaves room for --max-new-tokens and a draft tree; a turn that does not fails
+        the run (--on-long-prompt fail) or is skipped with one line per prompt turn, however many sides skip it."""
         need = len(ids) + self.cfg.max_new_tokens + TREE_SLACK
-        if need <= self.target.max_context:
+        context = self.target.max_context
+        if need <= context:
             return True
-        msg = (f"prompt {prompt.id} needs {need} tokens (prompt {len(ids)} + --max-new-tokens + {TREE_SLACK} tree slack) "
-               f"but the target's context is {self.target.max_context}")
+        where = f"{self.bench}/{prompt.id}"
+        if len(ids) + 1 + TREE_SLACK > context:  # no --max-new-tokens could help
+            msg = (f"prompt {where} alone is {len(ids)} tokens (+ {TREE_SLACK} tree slack) and the target's context "
+                   f"is {context}: no --max-new-tokens fits it")
+            fix = "pass --on-long-prompt skip or a target with a longer context"
+        else:
+            msg = (f"prompt {where} needs {need} tokens (prompt {len(ids)} + --max-new-tokens {self.cfg.max_new_tokens} "
+                   f"+ {TREE_SLACK} tree slack) but the target's context is {context}")
+            fix = f"pass --on-long-prompt skip or --max-new-tokens {context - len(ids) - TREE_SLACK} or less"
         if self.cfg.on_long_prompt == "fail":
-            raise SpecbenchError(msg + "; pass --on-long-prompt skip or lower --max-new-tokens")
-        warnings.warn(msg + "; skipped")
+            raise SpecbenchError(f"{msg}; {fix}")
+        if (prompt.id, len(ids)) not in self.warned:  # the sides render the same turn alike: once for them all
+            self.warned.add((prompt.id, len(ids)))
+            self.console.print(f"skipped: {msg}", markup=False, highlight=False, soft_wrap=True)
         return False
+
+    def _skip(self, prompt_id: str) -> None:
+        """Count a skipped prompt once, whichever sides and turns skip it."""
+        if prompt_id not in self.skipped:
+            self.skipped.append(prompt_id)
+
+    def _check_a_prompt_fits(self) -> None:
+        """With --on-long-prompt skip, a run whose every prompt is past the context would write a file of no
+        records: refused (one line) before anything is generated. Only first turns are known before the run."""
+        if self.cfg.on_long_prompt != "skip" or self.target.tokenizer is None or not self.stream_prompts:
+            return
+        shortest = None
+        for prompt in self.stream_prompts:
+            ids = render_chat(self.target.tokenizer, [{"role": "user", "content": prompt.turns[0]}],
+                              self.cfg.system_prompt, self.target.chat)
+            if len(ids) + self.cfg.max_new_tokens + TREE_SLACK <= self.target.max_context:
+                return
+            shortest = len(ids) if shortest is None else min(shortest, len(ids))
+        context, room = self.target.max_context, self.target.max_context - shortest - TREE_SLACK
+        fix = f"pass --max-new-tokens {room} or less" if room >= 1 else "pick a target with a longer context"
+        raise SpecbenchError(f"every prompt of {self.bench} is past the target's context of {context} tokens (the "
+                             f"shortest is {shortest} tokens, + --max-new-tokens {self.cfg.max_new_tokens} + "
+                             f"{TREE_SLACK} tree slack), so nothing would be recorded; {fix}")
 
     def _run_side(self, label: str, drafter: Drafter, query: Query) -> None:
         prompt = query.prompt
@@ -325,7 +368,7 @@ class Runner:
         def admit(ids: list[int]) -> bool:
             if self._fits(ids, prompt):
                 return True
-            self.skipped.append(prompt.id)
+            self._skip(prompt.id)
             if self.world.active:  # the merge must tell a skipped query from a missing one
                 self.store.skip(label, self.bench, prompt.id, turn, query.index)
             return False
@@ -355,7 +398,7 @@ class Runner:
         def admit(c: int, ids: list[int]) -> bool:
             if self._fits(ids, queries[c].prompt):
                 return True
-            self.skipped.append(queries[c].prompt.id)
+            self._skip(queries[c].prompt.id)
             return False
 
         def config_for(c: int, k: int) -> GenerationConfig:
@@ -472,6 +515,7 @@ class Runner:
         columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
         try:  # whatever ends the run, the store closes (a file without a record is not left behind)
+            self._check_a_prompt_fits()
             if self.cfg.warmup and self.prompts:
                 self._warmup()
             # Under torchrun only rank 0 draws its bar (its share of the queries).

@@ -10,8 +10,9 @@ import json
 import os
 from pathlib import Path
 
+from specbench.data.part_files import find_parts
 from specbench.data.results import RecordKey, ResultsContent, read_results, weight_shas
-from specbench.data.safe_files import WriterLock, check_output, publish, temp_path, write_error
+from specbench.data.safe_files import WriterLock, check_output, publish, replaceable, temp_path, write_error
 from specbench.engine import interrupt
 from specbench.errors import SpecbenchError
 from specbench.records import GenerationRecord
@@ -20,6 +21,21 @@ from specbench.schemas import record_key
 
 def config_hash(config: dict) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def has_records(path: Path) -> bool:
+    """Whether ``path`` holds a results file to continue (``--resume``); an empty one is started afresh."""
+    return path.is_file() and path.stat().st_size > 0
+
+
+def check_resumable(paths: list[Path], parts: bool = False) -> None:
+    """``--resume`` continues a file on disk: when none of the run's files (a sweep's one per B; ``parts``: or
+    the part files of a sharded run) is there, there is nothing to continue and the run is refused."""
+    if any(has_records(p) or (parts and find_parts(p)) for p in paths):
+        return
+    what = "is empty" if paths[0].exists() else "does not exist"
+    others = " (nor does any other file of the sweep)" if len(paths) > 1 else ""
+    raise SpecbenchError(f"nothing to resume: {paths[0]} {what}{others}; drop --resume")
 
 
 def _same_older_run(meta: dict, expected_hash: str | None) -> bool:
@@ -40,9 +56,10 @@ class RunStore:
     (``WriterLock``)."""
 
     def __init__(self, path: str | Path, meta: dict, resume: bool = False, overwrite: bool = False,
-                 inputs: tuple = ()) -> None:
+                 inputs: tuple = (), identity: dict | None = None) -> None:
         self.path = Path(path)
         self.meta = meta
+        self.identity = identity  # the run's configuration as hashed: a resume mismatch names what differs
         self.done: dict[RecordKey, GenerationRecord] = {}
         self.skipped: set[RecordKey] = set()  # turns recorded as skipped (part files of a sharded run)
         self.fh = None
@@ -50,10 +67,11 @@ class RunStore:
         check_output(self.path, inputs)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            existing = self.path.is_file() and self.path.stat().st_size > 0
+            existing = has_records(self.path)
         except OSError as exc:  # a folder on the way that this user may not enter
             raise SpecbenchError(f"cannot write results to {self.path} ({exc.strerror}); pass a writable --out") from None
-        self._check_writable()
+        self._check_writable(replace=not (existing and resume) and (overwrite or not existing),
+                             append=existing and resume)
         self.lock = WriterLock(self.path)
         try:
             if existing:
@@ -70,35 +88,50 @@ class RunStore:
             raise
         interrupt.note_kept(self.kept)
 
-    def _check_writable(self) -> None:
+    def _check_writable(self, replace: bool, append: bool) -> None:
+        """Refuse, before any model loads, an output this run could not write: in a read-only folder, a file it
+        may not append to (``append``: --resume) or not replace (``replace``: a sticky folder's other user's file,
+        which the rename of the first record would fail on)."""
         try:
             if self.path.is_dir():
                 raise IsADirectoryError(errno.EISDIR, "a folder")
             if not os.access(self.path.parent, os.W_OK):
                 raise PermissionError(errno.EACCES, "the folder is read-only")
+            if append and not os.access(self.path, os.W_OK):
+                raise PermissionError(errno.EACCES, "the file is read-only")
+            if replace and self.path.exists() and not replaceable(self.path):
+                raise PermissionError(errno.EPERM, "it is another user's file in a folder with the sticky bit, where "
+                                                   "only its owner may replace it")
         except OSError as exc:
             raise SpecbenchError(f"cannot write results to {self.path} ({exc.strerror}); pass a writable --out") from None
 
     @staticmethod
-    def _read_checked(path: Path, expected_hash: str | None) -> ResultsContent:
+    def _read_checked(path: Path, expected_hash: str | None, identity: dict | None = None) -> ResultsContent:
+        """``path``'s content, refused unless its header's configuration is ``expected_hash``'s; ``identity`` (the
+        run's, ``RunConfig.identity``) lets the refusal name the options that differ."""
         content = read_results(path)
         if content.meta is None:
             raise SpecbenchError(f"{path} has no header line; it is not a specbench results file "
                                  "(pass a new --out, or --overwrite to replace it)")
         theirs = content.meta.get("config_hash")
         if theirs != expected_hash and not _same_older_run(content.meta, expected_hash):
-            raise SpecbenchError(f"{path} was written by a different configuration (config {theirs}, now "
-                                 f"{expected_hash}); rerun with the same options or write to a new --out")
+            from specbench.run.run_config import identity_differences
+
+            differ = identity_differences(content.meta, identity) if identity else []
+            what = "; ".join(differ) if differ else f"config {theirs}, now {expected_hash}"
+            raise SpecbenchError(f"{path} was written by a different configuration ({what}); rerun with the same "
+                                 "options or write to a new --out")
         return content
 
     @classmethod
-    def read_done(cls, path: str | Path, expected_hash: str | None) -> dict[RecordKey, GenerationRecord]:
+    def read_done(cls, path: str | Path, expected_hash: str | None,
+                  identity: dict | None = None) -> dict[RecordKey, GenerationRecord]:
         """The finished records of another file of the same run (read only)."""
-        content = cls._read_checked(Path(path), expected_hash)
+        content = cls._read_checked(Path(path), expected_hash, identity)
         return {record_key(r): r for _, r in content.records}
 
     def _load_existing(self) -> None:
-        content = self._read_checked(self.path, self.meta.get("config_hash"))
+        content = self._read_checked(self.path, self.meta.get("config_hash"), self.identity)
         self.existing = content.meta
         self.done = {record_key(r): r for _, r in content.records}
         self.skipped = {record_key(o) for _, o in content.skips}
@@ -163,7 +196,10 @@ class RunStore:
 
     def _publish(self) -> None:
         """The first record is on disk: the file takes its place (replacing an old one under --overwrite)."""
-        publish(self.writing, self.path)
+        try:
+            publish(self.writing, self.path)
+        except OSError as exc:  # what _check_writable could not foresee; named by the results file, not the temporary
+            raise write_error(self.path, exc, "nothing was kept", "pass a writable --out or rerun") from None
         self.writing, self.published, self.replacing = self.path, True, False
 
     def _cut_back(self) -> None:
