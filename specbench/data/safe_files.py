@@ -197,6 +197,8 @@ def writer_of(path: str | Path) -> Optional[str]:
     reads but whose completeness matters (the parts a merge joins); it creates nothing."""
     import fcntl
 
+    if not Path(path).name:
+        return None  # '' or '/': no file of results, so no writer (the caller refuses it as a source)
     try:
         fd = os.open(lock_path(Path(path)), os.O_RDONLY)
     except OSError:
