@@ -24,7 +24,6 @@ import functools
 
 import numpy as np
 import pytest
-import torch
 from scipy.stats import chi2, ncx2
 
 from drafters import SampledTreeDrafter, SampledTreeOptions

@@ -213,7 +213,7 @@ def joint_tally(sequences: Sequence[tuple[int, ...]], law: ExactLaw) -> RowTally
 
 def judge_draws(draws: Draws, law: ExactLaw) -> EndToEnd:
     """Every position's prefixes against the target's law (``law``: on the same prompt and parameters)."""
-    k_max, vocab = draws.tokens, None
+    k_max = draws.tokens
     law.ensure(sorted({s[:k_max - 1] for s in draws.sequences}))
     by_position: list[list[RowTally]] = []
     for k in range(k_max):
@@ -223,8 +223,7 @@ def judge_draws(draws: Draws, law: ExactLaw) -> EndToEnd:
         rows = []
         for prefix, nxt in sorted(following.items()):
             p = law(prefix)
-            vocab = p.numel()
-            rows.append(tally(_counts(nxt, vocab), p, []))
+            rows.append(tally(_counts(nxt, p.numel()), p, []))
         by_position.append(rows)
     overall = judge([t for rows in by_position for t in rows])
     joint = judge([joint_tally(draws.sequences, law)]) if k_max >= 2 else judge([])
