@@ -9,7 +9,7 @@ the wrong tokens; rule A (sample and match, every deterministic tree by default)
   commits). The bonus then follows r + (1 - beta) p instead of r / beta. Reached by rule C at every
   rejection (chains too) and rule B after each rejected sibling.
 * ``biased_after_rejected_sibling``: the target rows of every node that is not its parent's first child,
-  the rows a walk of rule B or C reaches only after rejecting an earlier sibling, are sharpened (p^2,
+  the rows a walk of rule B or C reaches only after rejecting an earlier sibling, are sharpened (p^4,
   renormalised). Reached only by trees with siblings under rule B or C: no registered method's trees by
   default (their sampled trees are chains, their trees with siblings get rule A), deterministic trees
   verified with ``tree_rule=B``, and sampled trees with siblings.
@@ -69,7 +69,7 @@ def _sharpening_later_siblings(rule):
         rows = torch.tensor(later_siblings(tree), dtype=torch.long) + 1
         if rows.numel():
             probs = probs.clone()
-            sharp = probs[rows] ** 2
+            sharp = probs[rows] ** 4  # the rows read at a quarter of the temperature
             probs[rows] = sharp / sharp.sum(-1, keepdim=True)
         return rule(tree, probs, generator)
     return biased
