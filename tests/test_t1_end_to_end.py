@@ -2,7 +2,7 @@
 
 * The statistics: the power figure is the 90% power point of the noncentral chi-square, exact draws from the
   target's law pass, and draws biased by the detectable TV are caught.
-* Every registered method (the tiny builds of tests/test_deep_sampling.py): thousands of ``loop.generate``
+* Every registered method (the tiny builds of tests/test_deep_sampling.py): 1,500 ``loop.generate``
   draws of 4 tokens at T = 1 follow the target's exact conditionals, position by position and as pairs.
 * Adaptive drafters (PACER's growth, SpecBlock +adapt and +osd, DVI and its objectives, suffix decoding's
   memory) are warmed up first and keep changing while they are sampled; their trees differ from a fresh
@@ -11,10 +11,12 @@
 * The wrong walks of ``walk_controls.py``, injected inside ``verify``, are caught through every method whose
   rule reaches them: the unnormalised residual and the reused uniform through every rule C chain (SpS,
   SpS-confidence, PACER and its ablations, DVI and its objectives); the bias after a rejected sibling
-  through trees with siblings under rule C (a sampled tree, with and without replacement) and rule B
+  through trees with siblings under rule C (a sampled tree drawn without replacement) and rule B
   (EAGLE-3 and Medusa verified with ``tree_rule=B``), which no registered method reaches by default. Those
-  rule B and sampled-tree runs pass unpatched.
-* Slow: a few methods with their shipped drafters on the real default target.
+  rule B and sampled-tree runs (i.i.d. siblings too) pass unpatched. In the normal suite every method runs
+  with 200 draws and one control of each kind runs; the slow runs give every method 1,500 draws and every
+  control every method its rule reaches.
+* Slow, too: SpS and EAGLE-3 with their shipped drafters on the real default target.
 """
 
 from __future__ import annotations
