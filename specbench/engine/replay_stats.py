@@ -14,6 +14,8 @@ equal mass (tokens with p = 0 apart: committing one is an error outright). Cells
   TV per committed token is <= sqrt(lambda / N) / 2 (N = sum_r n_r). The bound puts lambda's 99%
   upper confidence limit there (the noncentral chi-square CDF, exactly, as a Poisson mixture).
   Pooling rows is what makes it tight: noise grows with the square root of the cells, signal with N.
+* ``detectable_tv``: the same bound turned around, the mean TV per counted token that the test detects
+  with 90% power (what a pass rules out, given only the number of tokens counted and the dof).
 
 By the chain rule of couplings, a step's committed tokens differ from the target's law by at most the
 sum over its depths of these per-row TVs, so the mean per committed token bounds the bias per token.
@@ -117,6 +119,34 @@ def noncentrality_bound(stat: float, dof: int, confidence: float = CONFIDENCE) -
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if noncentral_chi2_cdf(stat, dof, mid) > tail else (lo, mid)
     return hi
+
+
+def chi2_critical(dof: int, alpha: float) -> float:
+    """The statistic a central chi-square with ``dof`` degrees exceeds with probability ``alpha``."""
+    lo, hi = 0.0, dof + 10 * math.sqrt(2 * dof) + 50
+    while chi2_sf(hi, dof) > alpha:
+        hi *= 2
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if chi2_sf(mid, dof) > alpha else (lo, mid)
+    return hi
+
+
+def detectable_tv(dof: int, visits: int, alpha: float = 1e-3, power: float = 0.9) -> float:
+    """The mean TV per counted token (on the test's cells) that a chi-square with ``dof`` degrees over
+    ``visits`` counted tokens detects at level ``alpha`` with probability ``power`` at least: the
+    noncentrality lambda* at which that power is reached, and TV <= sqrt(lambda / N) / 2 (as for
+    ``tv_bound``) turned around: a mean TV above sqrt(lambda* / N) / 2 forces lambda above lambda*."""
+    if dof <= 0 or visits <= 0:
+        return math.inf
+    critical = chi2_critical(dof, alpha)
+    lo, hi = 0.0, 10.0 + critical
+    while noncentral_chi2_cdf(critical, dof, hi) > 1 - power:
+        hi *= 2
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if noncentral_chi2_cdf(critical, dof, mid) > 1 - power else (lo, mid)
+    return 0.5 * math.sqrt(hi / visits)
 
 
 def _pearson(observed: np.ndarray, expected: np.ndarray) -> tuple[float, int]:

@@ -1,0 +1,191 @@
+"""T = 1 end to end on the real target: every method's own committed tokens against the target's exact law.
+
+For each registered method (its shipped drafter), ``loop.generate`` draws N continuations of ``--tokens``
+tokens of one fixed prompt at temperature 1 on the default target in float32 (seeds 0 .. N - 1), and
+the draws are compared with the target's law after each observed prefix, from plain causal forwards
+(specbench/engine/sampling_check.py: chi-square per position summed over prefixes, the joint law of the first
+two tokens, and the mean TV the test detects with 90% power). Adaptive drafters (those that learn while
+serving, and PACER's growth) are warmed up on a few longer generations first and keep adapting while
+sampled; their trees are compared with a fresh drafter's (PACER: the same one without growth) on the first
+seeds. Then each wrong walk of specbench/engine/walk_controls.py runs through a method whose rule reaches
+it and must be caught. Writes a Markdown table and a CSV beside it, after every run.
+
+N per run: the time left (``--minutes``) shared evenly by the runs left, over the time of one draw measured
+on three draws first, capped at ``--draws`` (at least 50).
+
+Usage: python bench/t1_end_to_end.py [--methods sps,eagle3] [--draws 3000] [--minutes 30] [--tokens 3]
+       [--no-controls] [--out reports/t1_end_to_end_table.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import sys
+import time
+import warnings
+from contextlib import nullcontext
+from pathlib import Path
+
+from specbench.data.results import environment_metadata
+from specbench.engine import DEFAULT_TARGET, VANILLA
+from specbench.engine.drafter import Drafter
+from specbench.engine.registry import available_methods, create_drafter
+from specbench.engine.sampling_check import ALPHA, ExactLaw, changed_trees, draw_sequences, judge_draws
+from specbench.engine.target import Target
+from specbench.engine.verify import SamplingParams, TreeRule
+from specbench.engine.walk_controls import CONTROLS, REACHED_BY
+from specbench.errors import SpecbenchError
+
+warnings.filterwarnings("ignore")
+PROMPT = "Once upon a time, there was a"  # plain text, no chat template: the first tokens spread over many
+T1 = SamplingParams(temperature=1.0)
+WARMUP, WARMUP_TOKENS = 6, 32  # generations an adaptive drafter learns from before it is sampled
+PROBES = 20  # sampled seeds redrawn with the reference drafter to compare trees
+MIN_DRAWS = 50
+B = TreeRule.RECURSIVE_REJECTION
+# (control, method, rule): each through a method whose rule reaches it; the clean rule B run first, so the
+# sibling bias is judged against a walk that passes unpatched.
+CONTROL_RUNS = [(None, "eagle3", B), ("unnormalised-residual", "sps", None), ("reused-uniform", "sps", None),
+                ("sibling-bias", "eagle3", B), ("unnormalised-residual", "eagle3", B)]
+COLUMNS = ["run", "rules", "draws", "mean accepted", "chi2", "dof", "p positions", "p joint", "p", "TV 90% power",
+           "TV 99% bound", "adapted", "verdict"]
+
+
+def adaptive(drafter: Drafter) -> bool:
+    return drafter.learns or getattr(drafter.options, "rho", 1.0) > 1.0  # PACER's growth factor
+
+
+def reference_for(name: str, drafter: Drafter, target: Target) -> Drafter:
+    """A fresh drafter of the method; PACER's: the same drafter without growth."""
+    if getattr(drafter.options, "rho", 1.0) > 1.0 and not drafter.learns:
+        twin = drafter.fork()
+        twin.options = dataclasses.replace(drafter.options, rho=1.0)
+        return twin
+    fresh = create_drafter(name)
+    fresh.setup(target)
+    return fresh
+
+
+def row(label: str, result, adapted: str, verdict: str) -> list[str]:
+    rules = ", ".join(f"{k} {v}" for k, v in sorted(result.rules.items())) or "-"
+    o = result.overall
+    return [label, rules, str(result.draws), f"{result.mean_accepted:.2f}", f"{o.chi2:.1f}", str(o.dof),
+            f"{o.p_value:.3g}", f"{result.joint.p_value:.3g}", f"{result.p_value:.3g}", f"{100 * result.tv90:.1f}%",
+            f"{100 * o.tv_bound:.1f}%", adapted, verdict]
+
+
+HEADER = """# T = 1 end to end: the engine's own committed tokens
+
+Target {target} (float32), temperature 1, prompt "{prompt}" (plain text, {prompt_tokens} tokens), the first
+{tokens} tokens of N generations per run (seeds 0 .. N - 1) through `loop.generate`; CPU: {cpu}; git {sha};
+{seconds:.0f} s. Command: `{command}`.
+
+Per run, each observed prefix's next-token counts against the target's law after it (plain causal forwards;
+cells: the 32 likeliest tokens, the tail in 8 equal-mass bins, cells expected under 5 times merged), summed
+over prefixes and positions (*chi2*, *dof*, *p positions*), and the first two tokens as pairs (*p joint*);
+*p*: the two, Bonferroni; verdict at p < {alpha:g}. *TV 90% power*: the mean TV per counted token that this
+many draws detect with 90% power (noncentral chi-square; TV <= sqrt(chi-square divergence) / 2); *TV 99%
+bound*: the 99% upper bound on it from the statistic. *rules*: the verify steps per rule. *adapted*: for
+drafters that adapt (learn while serving; PACER's growth), warmed up on {warmup} generations of
+{warmup_tokens} tokens and adapting while sampled, the first seeds on which their trees differ from a fresh
+drafter's (PACER: the same drafter without growth).
+
+The controls (specbench/engine/walk_controls.py) patch `verify` itself, so the engine commits a wrong walk;
+each runs through a method whose rule reaches it and must be caught.
+
+"""
+
+
+def write(path: Path, header: str, methods: list[list[str]], controls: list[list[str]]) -> None:
+    def table(rows: list[list[str]], first: str) -> str:
+        lines = ["| " + " | ".join([first] + COLUMNS[1:]) + " |", "|" + "---|" * len(COLUMNS)]
+        return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows]) + "\n"
+    text = header + "## Methods\n\n" + table(methods, "method")
+    text += "\n## Controls\n\n" + table(controls, "control (through)") + "\n"
+    text += "".join(f"- *{name}*: {reached}.\n" for name, reached in REACHED_BY.items())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    with path.with_suffix(".csv").open("w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(["kind"] + COLUMNS)
+        out.writerows([["method"] + r for r in methods] + [["control"] + r for r in controls])
+
+
+def fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--methods", default="", help="comma-separated; default every registered method")
+    ap.add_argument("--draws", type=int, default=3000, help="most draws per run")
+    ap.add_argument("--minutes", type=float, default=30.0, help="time budget of the whole script")
+    ap.add_argument("--tokens", type=int, default=3, help="committed tokens per draw (K)")
+    ap.add_argument("--no-controls", action="store_true")
+    ap.add_argument("--out", default="reports/t1_end_to_end_table.md")
+    args = ap.parse_args()
+    registered = list(available_methods())
+    methods = [m for m in args.methods.split(",") if m] or registered
+    unknown = [m for m in methods if m not in registered]
+    if unknown:
+        fail(f"unknown method {unknown[0]!r}; `specbench list methods` names them")
+    if args.draws < MIN_DRAWS or args.minutes <= 0 or not 2 <= args.tokens <= 8:
+        fail(f"--draws must be >= {MIN_DRAWS}, --minutes > 0 and --tokens in [2, 8]")
+    out = Path(args.out)
+    if out.suffix != ".md":
+        fail(f"--out {out} must end in .md (the CSV goes beside it)")
+
+    start = time.perf_counter()
+    target = Target.load(DEFAULT_TARGET, "float32")
+    env = environment_metadata(target.device)
+    prompt = target.tokenizer(PROMPT).input_ids
+    law = ExactLaw(target, prompt, T1, max_rows=2048)
+    runs = [(None, m, None) for m in sorted(methods, key=lambda m: (m != VANILLA, m))]
+    runs += [] if args.no_controls else CONTROL_RUNS
+    command = "python bench/t1_end_to_end.py " + " ".join(sys.argv[1:])
+    method_rows: list[list[str]] = []
+    control_rows: list[list[str]] = []
+    for i, (control, name, rule) in enumerate(runs):
+        label = name + (f" (rule {rule.value})" if rule else "")
+        try:
+            drafter = create_drafter(name)
+            drafter.setup(target)
+        except SpecbenchError as exc:
+            print(f"{label}: skipped ({exc})", file=sys.stderr)
+            continue
+        adapts = control is None and rule is None and adaptive(drafter)
+        if adapts:
+            draw_sequences(target, None, prompt, WARMUP_TOKENS, WARMUP, T1, seed=10_000, drafter=drafter)
+        probe = draw_sequences(target, None, prompt, args.tokens, 3, T1, seed=900_000, tree_rule=rule,
+                               drafter=drafter)
+        left = args.minutes * 60 - (time.perf_counter() - start)
+        n = max(MIN_DRAWS, min(args.draws, int(left / (len(runs) - i) / (probe.seconds / 3) * 0.8)))
+        print(f"{control or 'clean'} {label}: N = {n} ({probe.seconds / 3:.3f} s a draw)", flush=True)
+        with CONTROLS[control]() if control else nullcontext():
+            draws = draw_sequences(target, None, prompt, args.tokens, n, T1, tree_rule=rule, method=name,
+                                   drafter=drafter)
+        result = judge_draws(draws, law)
+        adapted = "-"
+        if adapts:
+            reference = draw_sequences(target, None, prompt, args.tokens, PROBES, T1,
+                                       drafter=reference_for(name, drafter, target))
+            adapted = f"{changed_trees(draws, reference)}/{PROBES} seeds"
+        if control:
+            verdict = "caught" if result.detected(ALPHA) else "MISSED"
+            control_rows.append(row(f"{control} ({label})", result, adapted, verdict))
+        else:
+            verdict = "FAIL" if result.detected(ALPHA) else "pass"
+            method_rows.append(row(label, result, adapted, verdict))
+        print(" | ".join((control_rows if control else method_rows)[-1]), f"{draws.seconds:.0f}s", flush=True)
+        header = HEADER.format(target=DEFAULT_TARGET, prompt=PROMPT, prompt_tokens=len(prompt), tokens=args.tokens,
+                               cpu=env["hardware"], sha=env["git_sha"], seconds=time.perf_counter() - start,
+                               command=command, alpha=ALPHA, warmup=WARMUP, warmup_tokens=WARMUP_TOKENS)
+        write(out, header, method_rows, control_rows)
+    print(f"wrote {out} and {out.with_suffix('.csv')}")
+
+
+if __name__ == "__main__":
+    main()
