@@ -10,7 +10,7 @@ export SPECBENCH_DATA ?= $(wildcard $(abspath ../shared/datasets))
 SRC     := PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}
 GPU_METHODS ?=
 
-.PHONY: setup setup-suffix test test-fast bench report run clean gpu-check gpu-batch reference drafters parity
+.PHONY: setup setup-suffix test test-deep test-fast bench report run clean gpu-check gpu-batch reference drafters parity
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -34,10 +34,14 @@ setup-suffix: $(PY)
 # its module fixtures (the real target's loads) are made once.
 TEST_WORKERS ?= 2
 test:
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not deep"
+
+# The end-to-end T = 1 check of every method with power (1,500 draws each, about 6 minutes on 2 cores).
+test-deep:
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m deep
 
 test-fast:
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow"
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow and not deep"
 
 bench:
 	$(PY) bench/engine_vs_hf.py

@@ -263,8 +263,15 @@ def run(name: str, samples: int):
         record = generate(target, drafter, PROMPT, dataclasses.replace(config, seed=seed))
         assert len(record.new_tokens) == DEPTH
         sequences.append(tuple(record.new_tokens))
-        accepted.extend(record.accept_lengths)
+        accepted.extend(verifier_accepts(record))
     return target, sequences, np.array(accepted), time.perf_counter() - start
+
+
+def verifier_accepts(record) -> list[int]:
+    """Each verify call's accepted depth as the walk found it, read from the depth counts (accept lengths
+    count only the tokens the turn keeps, and these turns are only DEPTH tokens long)."""
+    reached = [record.n_verify, *record.depth_accepts, 0]  # reached[k]: calls that accepted depth k or more
+    return [k for k in range(len(reached) - 1) for _ in range(reached[k] - reached[k + 1])]
 
 
 def exact_law(target: Target, sequences, params: SamplingParams):

@@ -14,8 +14,8 @@
   through trees with siblings under rule C (a sampled tree drawn without replacement) and rule B
   (EAGLE-3 and Medusa verified with ``tree_rule=B``), which no registered method reaches by default. Those
   rule B and sampled-tree runs (i.i.d. siblings too) pass unpatched. In the normal suite every method runs
-  with 200 draws and one control of each kind runs; the slow runs give every method 1,500 draws and every
-  control every method its rule reaches.
+  with 200 draws and one control of each kind runs; the slow runs give every control every method its rule
+  reaches, and the `deep` ones (`make test-deep`, outside `make test` for time) every method 1,500 draws.
 * Slow, too: SpS and EAGLE-3 with their shipped drafters on the real default target.
 """
 
@@ -132,10 +132,10 @@ def judged(target, draws: Draws) -> EndToEnd:
 
 
 SLOW = pytest.mark.slow
-# Every registered method (test_deep_sampling checks the list), with few draws in the normal suite and with power
-# (DRAWS) among the slow tests.
+# Every registered method (test_deep_sampling checks the list), with few draws in the suite and with power (DRAWS)
+# under the `deep` mark (`make test-deep`: about 6 minutes on 2 cores, which would put `make test` past 20).
 METHOD_RUNS = [pytest.param(name, FAST_DRAWS, id=f"{name}-fast") for name in CASES] + \
-    [pytest.param(name, DRAWS, id=name, marks=SLOW) for name in CASES]
+    [pytest.param(name, DRAWS, id=name, marks=pytest.mark.deep) for name in CASES]
 
 
 @pytest.mark.parametrize("name,n", METHOD_RUNS)
@@ -216,7 +216,7 @@ def test_a_wrong_walk_is_caught(control, name, rule):
 # ---- slow: the real default target, the shipped drafters --------------------------------------------------
 REAL_PROMPT = "Once upon a time, there was a"
 REAL_METHODS = ("sps", "eagle3")  # a rule C chain and a rule A tree
-REAL_DRAWS, REAL_TOKENS = 150, 3
+REAL_DRAWS, REAL_TOKENS = 100, 3
 
 
 @functools.lru_cache(maxsize=None)
