@@ -317,7 +317,7 @@ class Runner:
     def _fits(self, ids: list[int], prompt: Prompt) -> bool:
         """Whether the turn ``ids`` leaves room for --max-new-tokens and a draft tree; a turn that does not fails
         the run (--on-long-prompt fail) or is skipped with one line per prompt turn, however many sides skip it."""
-        need = len(ids) + self.cfg.max_new_tokens + TREE_SLACK
+        need = self._need(len(ids))
         context = self.target.max_context
         if need <= context:
             return True
@@ -337,6 +337,10 @@ class Runner:
             self.console.print(f"skipped: {msg}", markup=False, highlight=False, soft_wrap=True)
         return False
 
+    def _need(self, prompt_tokens: int) -> int:
+        """Context a turn of ``prompt_tokens`` needs: the prompt, --max-new-tokens and room for a draft tree."""
+        return prompt_tokens + self.cfg.max_new_tokens + TREE_SLACK
+
     def _skip(self, prompt_id: str) -> None:
         """Count a skipped prompt once, whichever sides and turns skip it."""
         if prompt_id not in self.skipped:
@@ -351,7 +355,7 @@ class Runner:
         for prompt in self.stream_prompts:
             ids = render_chat(self.target.tokenizer, [{"role": "user", "content": prompt.turns[0]}],
                               self.cfg.system_prompt, self.target.chat)
-            if len(ids) + self.cfg.max_new_tokens + TREE_SLACK <= self.target.max_context:
+            if self._need(len(ids)) <= self.target.max_context:
                 return
             shortest = len(ids) if shortest is None else min(shortest, len(ids))
         context, room = self.target.max_context, self.target.max_context - shortest - TREE_SLACK
