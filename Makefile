@@ -52,6 +52,8 @@ gpu-check:
 	$(SRC) $(PY) -m pytest -m gpu -rs
 	$(SRC) $(PY) bench/timing_overhead.py --device cuda
 	$(SRC) $(PY) bench/gpu_check.py --device cuda $(if $(GPU_METHODS),--methods $(GPU_METHODS))
+	$(SRC) $(PY) bench/engine_speed.py --device cuda --targets smollm2-135m --dtypes float32,bfloat16 \
+		--out results/gpu/engine_speed.md
 
 # On a GPU, after gpu-check: the reference set's bf16 batch sweeps (B = 1-16, results/gpu/batch-bf16_*).
 gpu-batch:

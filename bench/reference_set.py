@@ -167,6 +167,13 @@ BATCH_SIZES = (1, 2, 4, 8, 16)
 BATCH_LIMIT = 16
 BATCH_TOKENS = 64
 BATCH_SIDES = ("specblock", ["eagle3", "sps", "pld"])
+# Both engines (`--engine eager|compiled`): the main group's headline methods, fp32, on code and chat, each bench
+# run once per engine in one group (one machine, one session), so the report's engine table pairs every method's
+# speedup in the two engines (report/engines.py). Files results/engines_<bench>_<engine>_<target>_T0.jsonl.
+ENGINE_GROUP = "engines"
+ENGINE_BENCHES = ("humaneval", "mt_bench")
+ENGINE_LIMIT = 8
+ENGINE_SIDES = ("sps", ["eagle3", "specblock", "ddtree", "pld", "suffix"])
 SAMPLED_BENCHES = ("mt_bench", "humaneval")  # the T = 1 check of the main methods
 SAMPLED_METHODS = ("specblock", ["eagle3", "sps", "dflash", "ddtree", "medusa"])
 
@@ -259,6 +266,11 @@ def plan(limit: int, repeats: int, stream_limit: int, passes: int,
             runs.append((out, ["run", *sides(*BATCH_SIDES, aa=False), "--bench", bench, "--limit",
                                str(min(limit, BATCH_LIMIT)), "--batch-size", ",".join(map(str, BATCH_SIZES)),
                                "--temperature", "0", "--out", out, *settings(dtype=dtype, tokens=BATCH_TOKENS)]))
+    for bench in ENGINE_BENCHES:
+        for engine in ("eager", "compiled"):
+            out = f"results/{ENGINE_GROUP}_{bench}_{engine}_{TARGET}_T0.jsonl"
+            runs.append((out, ["run", *sides(*ENGINE_SIDES), "--bench", bench, "--limit", str(min(limit, ENGINE_LIMIT)),
+                               "--engine", engine, "--temperature", "0", "--out", out, *common]))
     for bench in SAMPLED_BENCHES:
         out = f"results/main_{bench}_{TARGET}_T1.jsonl"
         runs.append((out, ["run", *sides(*SAMPLED_METHODS), "--bench", bench, "--limit", str(limit),

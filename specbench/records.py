@@ -39,6 +39,9 @@ class GenerationRecord:
     # --batch-size > 1 (engine/batch_loop.py): size, continuous, group, start/end on the batch clock (s),
     # active_mean (requests per step it shared), batched_drafting; None: decoded alone (batch 1)
     batch: dict | None = None
+    # seconds taken out of every phase (PhaseTimer.paused), by reason: graph_compile, the compiled engine
+    # building a graph the first time a row count appears; empty (and not written) when nothing was
+    outside_clock: dict[str, float] = field(default_factory=dict)
 
     @property
     def num_new(self) -> int:
@@ -67,6 +70,8 @@ class GenerationRecord:
         data = asdict(self)
         if data["batch"] is None:  # batch-1 lines stay as they were before batching existed
             del data["batch"]
+        if not data["outside_clock"]:  # eager-engine lines likewise
+            del data["outside_clock"]
         return data
 
     @classmethod

@@ -875,3 +875,15 @@ def test_a_list_category_is_stored_as_its_values(models, tmp_path, capsys):
     answers = {f.name: sorted(json.loads(line)["category"] for line in f.read_text().splitlines())
                for f in (tmp_path / "sb").glob("*.jsonl")}
     assert len(answers) == 2 and all(found == ["a", "a", "a, b"] for found in answers.values()), answers
+
+
+# ---- the compiled engine's refusals (issue: a fast engine): one line, before any model loads
+@pytest.mark.parametrize("extra, needle", [
+    (["--batch-size", "2"], "--engine compiled decodes one request at a time"),
+    (["--attn", "flash", "--device", "cpu"], "--attn"),
+    (["--device-map", "auto"], "--engine compiled runs a target on one device"),
+])
+def test_the_compiled_engine_refuses_what_it_cannot_run(tmp_path, capsys, no_loads, extra, needle):
+    only_line(["run", "--method", "sps", "--bench", "humaneval", "--engine", "compiled", *extra,
+               "--out", str(tmp_path / "r.jsonl")], capsys, needle)
+    assert not any(tmp_path.iterdir())

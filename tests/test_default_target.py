@@ -46,3 +46,21 @@ def test_shipped_specblock_drafter_is_lossless_and_accepts(target):
     record = generate(target, specblock, ids, config)
     assert record.new_tokens == generate(target, vanilla, ids, config).new_tokens
     assert sum(record.accept_lengths) > 0 and record.forwards["drafter"] >= record.n_verify
+
+
+def test_compiled_engine_on_the_real_target_writes_vanillas_text(target):
+    """The compiled engine on the embedded target (fp32): vanilla's text equals the eager engine's, and a
+    shipped tree drafter's (EAGLE-3, taps and a 17-row tree) and SpS's chain equal vanilla's under it."""
+    from specbench.engine.registry import create_drafter
+
+    compiled = Target(target.model, target.tokenizer, target.name, engine="compiled")
+    compiled.chat = target.chat
+    ids = render_chat(target.tokenizer, [{"role": "user", "content": "Write a haiku about the sea."}])
+    config = GenerationConfig(max_new_tokens=24)
+    eager_vanilla = VanillaDrafter()
+    eager_vanilla.setup(target)
+    expected = generate(target, eager_vanilla, ids, config).new_tokens
+    for drafter in (VanillaDrafter(), SpSDrafter(SpSOptions(draft="truncated:2", gamma=3)), create_drafter("eagle3")):
+        drafter.setup(compiled)
+        record = generate(compiled, drafter, ids, config)
+        assert record.new_tokens == expected, drafter.name

@@ -52,7 +52,8 @@ def test_plan_covers_every_bench_method_and_claim():
         assert argv[argv.index("--budget") + 1] == "16"  # every tree method at one node budget
         assert set(methods(argv)) <= set(available_methods())
     # the two settings of their own tables, and SpecBlock's one comparison of its two bonus-row readings: fewer prompts
-    extra = (module.BF16_GROUP + "_", module.PAIR_GROUP, module.BONUS_ROW_GROUP, module.BATCH_GROUP)
+    extra = (module.BF16_GROUP + "_", module.PAIR_GROUP, module.BONUS_ROW_GROUP, module.BATCH_GROUP,
+             module.ENGINE_GROUP + "_")
     t0 = [argv for out, argv in runs if out.endswith("_T0.jsonl") and "mixed" not in out and argv[0] == "run"
           and not Path(out).name.startswith(extra)]
     for bench in ("mt_bench", "humaneval", "math500", "natural_questions", "wmt23", "alpaca"):
@@ -198,6 +199,21 @@ def test_specblocks_two_bonus_row_readings_run_side_by_side_on_every_bench_in_fp
             assert sides(argv) == ["specblock (bonus row once)", "specblock (bonus row duplicate)", "vanilla (A/A)"]
             assert argv[argv.index("--dtype") + 1] == dtype and int(argv[argv.index("--limit") + 1]) == limit
             assert "bonus_row=once" in argv and any("@bonus_row=duplicate@" in a for a in argv)
+
+
+def test_the_engine_group_runs_the_headline_methods_in_both_engines_alike():
+    module, runs = load_plan()
+    group = {out: a for out, a in runs if module.group_of(out) == module.ENGINE_GROUP}
+    assert len(group) == 4  # HumanEval and MT-Bench, once per engine
+    by_engine = {}
+    for out, argv in group.items():
+        engine = argv[argv.index("--engine") + 1]
+        rest = [a for a in argv if a not in (engine, out)]
+        by_engine.setdefault(argv[argv.index("--bench") + 1], {})[engine] = rest
+        assert {"sps", "eagle3", "specblock", "ddtree", "pld", "suffix", "vanilla (A/A)"} <= set(sides(argv))
+        assert argv[argv.index("--dtype") + 1] == "float32" and argv[argv.index("--temperature") + 1] == "0"
+    for bench, engines in by_engine.items():  # the two engines' runs differ in nothing else
+        assert set(engines) == {"eager", "compiled"} and engines["eager"] == engines["compiled"]
 
 
 def test_the_batch_groups_sweep_the_main_methods_over_b_in_both_dtypes():

@@ -504,6 +504,31 @@ def test_one_target_in_two_dtypes_on_one_machine_gets_two_sections_never_pooled(
     assert [label for label, _ in build_report(tmp_path, reps=0).main.sections] == ["smollm2-135m · T = 0"]
 
 
+def test_the_engine_table_pairs_each_methods_speedup_in_both_engines(tmp_path):
+    """Compiled-engine files are a setting of their own (never pooled with eager ones), and the engine table
+    sets each method's speedup in the two engines side by side with a verdict per engine."""
+    write_jsonl(tmp_path / "eager.jsonl", method_records("sps", draft=0.05) + vanilla_records(), dtype="float32")
+    # the compiled engine's vanilla is faster: the same drafter no longer pays
+    fast = [r for r in vanilla_records()]
+    for r in fast:
+        r.times = {k: v / 4 for k, v in r.times.items()}
+    write_jsonl(tmp_path / "compiled.jsonl", method_records("sps", draft=0.05) + fast, dtype="float32",
+                engine="compiled")
+    report = build_report(tmp_path, reps=200)
+    assert [label for label, _ in report.main.sections] == ["smollm2-135m · T = 0",
+                                                            "smollm2-135m · compiled engine · T = 0"]
+    table = report.engines
+    assert table is not None and [label for label, _ in table.sections] == ["smollm2-135m · T = 0"]
+    data = table.data.set_index("bench")
+    assert (data.speedup_eager > data.speedup_compiled).all()
+    rows = table.sections[0][1]
+    assert {row[7].text for row in rows} == {"faster"} and {row[8].text for row in rows} == {"slower"}
+    assert "verdicts that change with the engine: sps × " in " ".join(table.notes)
+    # without a compiled file there is no engine table
+    (tmp_path / "compiled.jsonl").unlink()
+    assert build_report(tmp_path, reps=0).engines is None
+
+
 def test_divergence_table_sets_each_flips_gap_beside_the_noise(tmp_path: Path):
     """Per method side: counts by status, the largest logit disagreement where the texts agree, the largest
     gap m + v at a flip and the smallest tolerance given there (a later turn's inherited status has none)."""

@@ -372,14 +372,11 @@ class PacerDrafter(SpSDrafter):
         self.step_alphas: list[list[float]] = []  # predicted acceptance of every draft, per step
         self.cap_hits = 0
 
-    def _run(self, ids: list[int], start: int, state: DecodeState):
-        x = torch.tensor([ids], device=self.device)
-        pos = torch.arange(start, start + len(ids), device=self.device).unsqueeze(0)
-        with torch.inference_mode(), state.timer.forward("drafter"):
-            out = self.model(input_ids=x, position_ids=pos, use_cache=True, output_hidden_states=True,
-                             **kvcache.cache_arg(self.model, self.cache))
-        self.hidden = torch.cat([self.hidden[:start], out.hidden_states[-1][0].to(self.hidden.dtype)])
-        return out
+    def _run(self, ids: list[int], start: int, state: DecodeState) -> torch.Tensor:
+        with state.timer.forward("drafter"):
+            logits, states = self.lm.forward(ids, start, hidden=True, timer=state.timer)
+        self.hidden = torch.cat([self.hidden[:start], states[-1].to(self.hidden.dtype)])
+        return logits
 
     def propose(self, state: DecodeState):
         self.n = len(state.tokens)  # first draft sits at position n

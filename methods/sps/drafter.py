@@ -28,6 +28,7 @@ import torch
 
 from specbench.engine import kvcache
 from specbench.engine.batch_cache import RaggedCache
+from specbench.engine.draft_model import DraftLM
 from specbench.engine.batch_target import forward_rows, pack_rows
 from specbench.engine.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
@@ -144,26 +145,25 @@ class SpSDrafter(Drafter):
                               self.options.draft or "draft")
         self.vocab = target.vocab_size  # draft rows beyond the target's vocabulary are padding
         self.device = next(self.model.parameters()).device
+        # the draft model runs in the target's engine (compiled: a static cache and graphs, as the target's)
+        context = min(getattr(self.model.config, "max_position_embeddings", None) or target.max_context,
+                      target.max_context)
+        self.lm = DraftLM(self.model, getattr(target, "engine", "eager"), context)
 
     def begin(self, state: DecodeState, prefill) -> None:
-        from transformers import DynamicCache
-
-        self.cache = DynamicCache()
-        self.cached: list[int] = []  # token ids whose keys/values are in self.cache
+        self.lm = self.lm.fresh()
+        self.cached: list[int] = []  # token ids whose keys/values are in the draft model's cache
         if self.schedule != "heuristic":
             self.length = getattr(self.options, "gamma", 1)
         self.step_lengths: list[int] = []  # chain length of every step, for the record
 
-    def _run(self, ids: list[int], start: int, state: DecodeState):
-        """One draft-model forward over ``ids`` at positions start.. (appends to the draft cache)."""
-        x = torch.tensor([ids], device=self.device)
-        pos = torch.arange(start, start + len(ids), device=self.device).unsqueeze(0)
-        with torch.inference_mode(), state.timer.forward("drafter"):
-            return self.model(input_ids=x, position_ids=pos, use_cache=True,
-                              **kvcache.cache_arg(self.model, self.cache))
+    def _run(self, ids: list[int], start: int, state: DecodeState) -> torch.Tensor:
+        """One draft-model forward over ``ids`` at positions start.. (appends to the draft cache); their logits."""
+        with state.timer.forward("drafter"):
+            return self.lm.forward(ids, start, timer=state.timer)[0]
 
     def _logits(self, ids: list[int], start: int, state: DecodeState) -> torch.Tensor:
-        return self._run(ids, start, state).logits[0, -1, : self.vocab]
+        return self._run(ids, start, state)[-1, : self.vocab]
 
     def _sync(self, committed: list[int]) -> tuple[list[int], int]:
         """Crop the draft cache to the longest cached prefix that is still committed; return the
@@ -172,7 +172,7 @@ class SpSDrafter(Drafter):
         limit = min(len(self.cached), len(committed) - 1)
         while keep < limit and self.cached[keep] == committed[keep]:
             keep += 1
-        kvcache.truncate(self.cache, keep)
+        self.lm.truncate(keep)
         return committed[keep:], keep
 
     def _pick(self, logits: torch.Tensor, state: DecodeState) -> tuple[int, torch.Tensor | None]:

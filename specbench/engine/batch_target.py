@@ -101,6 +101,8 @@ class BatchTarget:
     taps are batch 1's) and appends its cache as a new row; ``leave`` drops finished rows."""
 
     def __init__(self, target: Target) -> None:
+        if target.static is not None:  # its ragged cache takes each request's DynamicCache from the target
+            raise SpecbenchError("batched decoding runs with the eager engine; load the target with engine='eager'")
         self.target = target
         self.cache = RaggedCache()
 

@@ -60,7 +60,10 @@ def _parts(target, layer: int):
 
 
 def _causal_mask(target, past: int, q: int) -> torch.Tensor | None:
-    """Additive [1, 1, q, past+q] causal mask; None for one query row (it sees everything)."""
+    """Additive [1, 1, q, past+q] causal mask; None for one query row (it sees everything). The compiled
+    engine's static cache: the mask over its whole width, its writes pointed at past.. (``causal_rows``)."""
+    if target.static is not None:
+        return target.static.causal_rows(past, q)
     if q == 1:
         return None
     allowed = torch.ones(q, past + q, dtype=torch.bool, device=target.device).tril(diagonal=past)
@@ -103,6 +106,8 @@ def run_first_layers(target, rows: LayerRows, token_ids: Sequence[int],
         hidden = _run_layers(target, x, start, layers[:rows.layer], _causal_mask(target, start, len(ids)))[-1]
     rows.tokens.extend(ids)
     rows.hidden.append(hidden)
+    if target.static is not None:
+        target.cache.rows = start + len(ids)
     return hidden
 
 
@@ -122,6 +127,8 @@ def finish(target, rows: LayerRows, taps: Sequence[int] = (),
                            _causal_mask(target, target.length, hidden.shape[0]))
         final = norm(outs[-1])
         logits = target.model.get_output_embeddings()(final)
+    if target.static is not None:
+        target.cache.rows = target.length + hidden.shape[0]
     states_at = outs[:-1] + [final]  # index j - layer = hidden_states[j]; the last entry is normed (HF)
     return logits, {i: states_at[j - layer] for i, j in wanted.items()}
 
@@ -130,7 +137,9 @@ def finish(target, rows: LayerRows, taps: Sequence[int] = (),
 def discard(target, rows: LayerRows) -> None:
     """Drop the pending rows from layers [0, l) of the cache (drafts not verified as drafted)."""
     cache, length, upto = target.cache, target.length, rows.layer
-    if hasattr(cache, "layers"):
+    if target.static is not None:  # rows past the committed prefix are never seen: forget them
+        cache.rows = length
+    elif hasattr(cache, "layers"):
         for layer in cache.layers[:upto]:
             layer.keys, layer.values = layer.keys[:, :, :length], layer.values[:, :, :length]
     else:  # transformers < 4.54

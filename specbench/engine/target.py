@@ -6,6 +6,12 @@ but not cached. ``compile_tree`` turns a DraftTree into the verify inputs for ro
 at P..P+N (ids, depth positions, mask, on the device); ``verify`` runs them and appends those rows;
 ``commit(rows)`` keeps the chosen rows (row 0 = b) at P.. and drops the rest.
 
+Two engines (``engine``): ``eager`` runs the model as transformers defines it over a growing
+``DynamicCache``; ``compiled`` runs every forward through ``compiled_forward.CompiledForward`` (row counts
+bucketed, one ``torch.compile``d graph per bucket, a preallocated ``StaticKV``; prefill in chunks of the
+largest bucket), and commit moves rows inside the fixed buffers. The same ids, positions and ancestor-only
+visibility feed both.
+
 The clock is an argument (``timer``), never an attribute: forwards are counted only where the
 engine passes its timer. ``run_layers`` is the layer hook for self-speculative drafters (the
 target's first layers as the draft model; ``split_verify``): the rows it runs stay pending beside the
@@ -26,6 +32,7 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 
 from specbench.engine import DEFAULT_TARGET, kvcache, split_verify
+from specbench.engine.compiled_forward import BUCKETS, CompiledForward, check_engine
 from specbench.engine.packaged import PACKAGED, cache_dir, locate_packaged
 from specbench.errors import SpecbenchError, installed_version
 from specbench.engine.timing import NULL_TIMER, PhaseTimer
@@ -91,7 +98,8 @@ class CompiledTree:
     past: int  # the cache length it was compiled against
     ids: torch.Tensor  # [1, N+1]
     positions: torch.Tensor  # [1, N+1] absolute positions
-    mask: torch.Tensor | None  # additive [1, 1, N+1, past+N+1]
+    mask: torch.Tensor | None  # additive [1, 1, N+1, past+N+1] (eager engine)
+    visible: torch.Tensor | None = None  # [N+1, N+1] bool, the tree's ancestor-only visibility (compiled engine)
 
 
 def _load_gguf(path: Path, dtype: torch.dtype, attn_implementation: str, device_map: str | None = None,
@@ -242,10 +250,21 @@ def check_attention(attn: str, device: str | torch.device, dtype: str | torch.dt
         raise SpecbenchError("--attn flash runs in bfloat16 or float16 only; pass --dtype bfloat16")
 
 
+def check_engine_setup(engine: str, attn: str, device_map: str | None) -> None:
+    """One-line errors for an engine choice this target setup cannot run (before any model loads)."""
+    check_engine(engine)
+    if engine != "compiled":
+        return
+    if attn in ("flash", FLASH):
+        raise SpecbenchError("--engine compiled runs SDPA or eager attention; use --attn sdpa with it")
+    if device_map:
+        raise SpecbenchError("--engine compiled runs a target on one device; drop --device-map or use --engine eager")
+
+
 class Target:
     """Owns the target model and its KV cache. Drafters never touch either."""
 
-    def __init__(self, model, tokenizer=None, name: str = "custom") -> None:
+    def __init__(self, model, tokenizer=None, name: str = "custom", engine: str = "eager") -> None:
         from transformers import DynamicCache
 
         self._cache_cls = DynamicCache
@@ -270,20 +289,24 @@ class Target:
         self.chat = None  # prompts.ChatFormat: how prompts are rendered (None = the tokenizer's template)
         self._keep_kw = next((k for k in ("logits_to_keep", "num_logits_to_keep")
                               if k in inspect.signature(model.forward).parameters), None)
+        check_engine(engine)
+        self.engine = engine
+        self.static = CompiledForward(model, 1, self.max_context) if engine == "compiled" else None
         self.reset()
 
     @classmethod
     def load(cls, spec: str = DEFAULT_TARGET, dtype: str | torch.dtype = "bfloat16", device: str = "cpu",
              attn_implementation: str = "sdpa", revision: str | None = None,
-             device_map: str | None = None) -> "Target":
+             device_map: str | None = None, engine: str = "eager") -> "Target":
         """``spec`` may carry a revision (``org/name@rev``) or take ``revision``; the resolved files and
         commit are kept in ``source``, and ``name`` is the spec without the revision."""
         check_attention(attn_implementation, device, dtype)
+        check_engine_setup(engine, attn_implementation, device_map)
         # flash: load with SDPA (trees need the 4-D mask) and run prefill and chains with flash-attn.
         flash = attn_implementation in ("flash", FLASH)
         loaded = "sdpa" if flash else attn_implementation
         model, tok, source = load_located(locate_model(spec, revision, "target"), dtype, device, loaded, device_map)
-        target = cls(model, tok, name=source.repo_id or spec)
+        target = cls(model, tok, name=source.repo_id or spec, engine=engine)
         target.source = source
         if tok is not None:  # the tokenizer's template, or vicuna_v1.1 for a Vicuna without one
             from specbench.engine.prompts import ChatFormat
@@ -321,13 +344,38 @@ class Target:
         return ids
 
     # ---- cache --------------------------------------------------------------------------
+    @property
+    def cache(self):
+        """The KV cache: a ``DynamicCache`` (eager), the compiled forward's ``StaticKV`` (it may grow into a new one)."""
+        return self.static.cache if self.static is not None else self._cache
+
+    @cache.setter
+    def cache(self, value) -> None:
+        self._cache = value
+
     def reset(self) -> None:
-        self.cache = self._cache_cls()
+        if self.static is not None:
+            self.static.cache.rows = 0
+        else:
+            self.cache = self._cache_cls()
         self.length = 0
         self.pending_layers: split_verify.LayerRows | None = None  # rows run_layers ran, not yet verified
 
     def cache_length(self) -> int:
-        return kvcache.seq_length(self.cache)
+        return self.cache.rows if self.static is not None else kvcache.seq_length(self.cache)
+
+    def drop_uncommitted(self) -> None:
+        """Forget the rows a verify appended past the committed prefix (a cost measurement cuts back after each)."""
+        if self.static is not None:
+            self.cache.rows = self.length
+        else:
+            kvcache.truncate(self.cache, self.length)
+
+    def reserve(self, tokens: int) -> None:
+        """Make room for ``tokens`` cached positions before a request (compiled engine: the static cache is
+        allocated once at that size, instead of growing, and rebuilding its graphs, mid-run)."""
+        if self.static is not None:
+            self.static.reserve(min(tokens, self.max_context))
 
     # ---- forwards -----------------------------------------------------------------------
     def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor | None,
@@ -347,8 +395,27 @@ class Target:
         tapped = {i: out.hidden_states[i][0] for i in taps} if taps else {}
         return TargetOutput(logits, tapped)
 
-    def prefill(self, input_ids: Sequence[int] | torch.Tensor, taps: Sequence[int] = ()) -> TargetOutput:
-        """Run the prompt; returns last-row logits and taps of every prompt row."""
+    def _static_forward(self, ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor | None, start: int,
+                        taps: Sequence[int], timer: PhaseTimer) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        logits, states = self.static.run(ids, positions, visible, start, bool(taps), timer)
+        return logits, ({i: states[i] for i in taps} if taps else {})
+
+    def _static_prefill(self, ids: torch.Tensor, taps: Sequence[int], timer: PhaseTimer) -> TargetOutput:
+        """The prompt in chunks of the largest bucket, each seeing the chunks before it."""
+        n, step = ids.shape[0], BUCKETS[-1]
+        tapped: dict[int, list[torch.Tensor]] = {i: [] for i in taps}  # a tap named twice is kept once
+        for start in range(0, n, step):
+            chunk = ids[start:start + step]
+            positions = torch.arange(start, start + chunk.shape[0], device=self.device)
+            logits, states = self._static_forward(chunk, positions, None, start, taps, timer)
+            for i, parts in tapped.items():
+                parts.append(states[i])
+        return TargetOutput(logits[-1:], {i: torch.cat(parts) for i, parts in tapped.items()})
+
+    def prefill(self, input_ids: Sequence[int] | torch.Tensor, taps: Sequence[int] = (),
+                timer: PhaseTimer = NULL_TIMER) -> TargetOutput:
+        """Run the prompt; returns last-row logits and taps of every prompt row. ``timer``: the clock a
+        compiled engine's graph builds are taken out of (prefill forwards are not counted)."""
         self.reset()
         ids = torch.as_tensor(input_ids, dtype=torch.long, device=self.device).reshape(1, -1)
         n = ids.shape[1]
@@ -357,7 +424,10 @@ class Target:
         if n > self.max_context:
             raise SpecbenchError(f"prompt has {n} tokens but the target's context is {self.max_context}; "
                                  "shorten it or pass --on-long-prompt skip")
-        out = self._forward(ids, torch.arange(n, device=self.device).unsqueeze(0), None, taps, keep_last=True)
+        if self.static is not None:
+            out = self._static_prefill(ids[0], taps, timer)
+        else:
+            out = self._forward(ids, torch.arange(n, device=self.device).unsqueeze(0), None, taps, keep_last=True)
         self.length = n
         return out
 
@@ -380,7 +450,9 @@ class Target:
         ids, parents = packed[:q].unsqueeze(0), packed[q:]
         visible = verify_visibility(parents)
         positions = (self.length + visible.sum(1) - 1).unsqueeze(0)  # row r sees the root and its ancestors
-        return CompiledTree(tree, root, self.length, ids, positions, self._tree_mask(visible))
+        if self.static is not None:  # the compiled engine writes the visibility into its own static-width mask
+            return CompiledTree(tree, root, self.length, ids, positions, None, visible)
+        return CompiledTree(tree, root, self.length, ids, positions, self._tree_mask(visible), visible)
 
     def verify(self, compiled: CompiledTree, taps: Sequence[int] = (), timer: PhaseTimer = NULL_TIMER) -> TargetOutput:
         """ONE forward over the compiled rows [root, nodes...]; appends their keys/values.
@@ -397,6 +469,11 @@ class Target:
             split_verify.discard(self, pending)
         if self.cache_length() != self.length:
             raise ValueError("the cache holds rows past the committed prefix that no run_layers call accounts for")
+        if self.static is not None:
+            with timer.forward("target"):
+                logits, tapped = self._static_forward(compiled.ids[0], compiled.positions[0], compiled.visible,
+                                                      self.length, taps, timer)
+            return TargetOutput(logits, tapped)
         return self._forward(compiled.ids, compiled.positions, compiled.mask, taps, keep_last=False, timer=timer)
 
     # ---- the layer hook (self-speculation) ------------------------------------------------
@@ -431,6 +508,10 @@ class Target:
         if not rows or rows[0] != 0:
             raise ValueError("commit rows must start with row 0 (the root)")
         new_len = self.length + len(rows)
+        if self.static is not None:
+            self.cache.keep(self.length, rows)
+            self.length = new_len
+            return
         contiguous = rows == list(range(len(rows)))
         # Vanilla and fully-accepted-prefix chains only need a crop; trees gather.
         index = None if contiguous else torch.tensor(rows, dtype=torch.long, device=self.device)

@@ -5,6 +5,9 @@ synchronizes while the engine runs: it records a CUDA event at each phase/forwar
 microseconds, no CPU/GPU stall) and reads the elapsed times once, after the step or the generation
 (``resolve``), with a single synchronize. Event times are on the GPU's timeline, so CPU work that
 overlaps earlier kernels is not charged twice, and back-to-back phases still sum to the wall time.
+
+``paused()`` takes a span out of every phase and forward open around it (the compiled engine builds a
+graph there the first time a row count appears); the spans are summed under ``paused_ns``, never in a phase.
 """
 
 from __future__ import annotations
@@ -38,10 +41,12 @@ class PhaseTimer:
         self.ns: dict[str, int] = defaultdict(int)
         self.forward_calls: dict[str, int] = defaultdict(int)
         self.forward_ns: dict[str, int] = defaultdict(int)
-        self._pending: list[tuple[dict[str, int], str, object, object]] = []  # (totals, name, start, end)
+        self._pending: list[tuple[dict[str, int], str, object, object, int]] = []  # (totals, name, start, end, paused)
         self._spare: list = []  # recycled CUDA events
         self.outer: dict[str, None] = {}  # phases opened at the top level, in first-use order
         self._depth = 0  # phases open right now
+        self.paused_ns: dict[str, int] = defaultdict(int)  # spans taken out of the clock, per reason
+        self._paused_total = 0  # all of them, in ns: an open span subtracts what accrued inside it
 
     def _event(self):
         if self._spare:
@@ -53,19 +58,35 @@ class PhaseTimer:
 
     @contextmanager
     def _timed(self, totals: dict[str, int], name: str):
+        paused_before = self._paused_total
         if self.cuda:
             with torch.cuda.device(self.device):
                 start = self._event()
                 try:
                     yield
                 finally:
-                    self._pending.append((totals, name, start, self._event()))
+                    self._pending.append((totals, name, start, self._event(), self._paused_total - paused_before))
             return
         start = time.perf_counter_ns()
         try:
             yield
         finally:
-            totals[name] += time.perf_counter_ns() - start
+            totals[name] += time.perf_counter_ns() - start - (self._paused_total - paused_before)
+
+    @contextmanager
+    def paused(self, reason: str):
+        """Take the enclosed span out of every open phase and forward; its wall time goes to
+        ``paused_ns[reason]``. On CUDA the span starts and ends with a synchronize, so the GPU is idle
+        across it and the events around it see exactly this gap."""
+        synchronize(self.device)
+        start = time.perf_counter_ns()
+        try:
+            yield
+        finally:
+            synchronize(self.device)
+            span = time.perf_counter_ns() - start
+            self.paused_ns[reason] += span
+            self._paused_total += span
 
     @contextmanager
     def phase(self, name: str):
@@ -88,8 +109,8 @@ class PhaseTimer:
         if not self._pending:
             return
         self._pending[-1][3].synchronize()  # the last event recorded: everything before it is done
-        for totals, name, start, end in self._pending:
-            totals[name] += round(start.elapsed_time(end) * 1e6)  # ms -> ns
+        for totals, name, start, end, paused in self._pending:
+            totals[name] += max(0, round(start.elapsed_time(end) * 1e6) - paused)  # ms -> ns
             self._spare += (start, end)
         self._pending.clear()
 
@@ -113,6 +134,10 @@ class NullTimer(PhaseTimer):
 
     @contextmanager
     def forward(self, owner: str):
+        yield
+
+    @contextmanager
+    def paused(self, reason: str):
         yield
 
 

@@ -43,7 +43,7 @@ def plan_for(cfg: ReproduceConfig) -> "Plan":
     return build_plan(cfg.preset, cfg.target, limit=cfg.limit, out_dir=cfg.out_dir or Path("results") / cfg.preset,
                       drafters=cfg.drafter, device=cfg.device, dtype=cfg.dtype, max_new_tokens=cfg.max_new_tokens,
                       data_dir=cfg.data_dir, target_revision=cfg.target_revision, resume=cfg.resume,
-                      overwrite=cfg.overwrite, temperature=cfg.temperature)
+                      overwrite=cfg.overwrite, temperature=cfg.temperature, engine=cfg.engine)
 
 
 # ------------------------------------------------------------------------------------------- the plan
@@ -261,7 +261,8 @@ def _supported(field_name: str) -> bool:
 def build_plan(name: str, target: str, *, limit: int | None = None, out_dir: str | Path = "results",
                drafters: dict[str, str] | None = None, device: str = "cpu", dtype: str | None = None,
                max_new_tokens: int | None = None, data_dir: str | None = None, target_revision: str | None = None,
-               resume: bool = False, overwrite: bool = False, temperature: float | None = None) -> Plan:
+               resume: bool = False, overwrite: bool = False, temperature: float | None = None,
+               engine: str = "eager") -> Plan:
     """Everything a reproduction will run, as RunConfigs; loads prompt files, never a model."""
     preset = load_preset(name)
     notes: list[str] = []
@@ -302,7 +303,7 @@ def build_plan(name: str, target: str, *, limit: int | None = None, out_dir: str
         for temp in temperatures:
             common = dict(target=target, dtype=dtype or preset.get("dtype", "bfloat16"), device=device,
                           temperature=temp, max_new_tokens=new_tokens, bench=bench.bench, prompts=bench.prompts,
-                          resume=resume, overwrite=overwrite, preset=name, **extra)
+                          resume=resume, overwrite=overwrite, preset=name, engine=engine, **extra)
             stem = f"{name}_{bench.bench}_{target_name}_T{temp:g}"
             if sides:
                 cfg = RunConfig(sides=[s.side for s in sides], out=str(out / f"{stem}.jsonl"), **common)
@@ -310,6 +311,11 @@ def build_plan(name: str, target: str, *, limit: int | None = None, out_dir: str
             for attn in preset.get("baseline_attn") or []:
                 if attn == "sdpa" and sides:
                     continue  # the run above already holds the SDPA vanilla side
+                if engine == "compiled" and attn in ("flash", "flash_attention_2"):
+                    note = f"the {attn} baselines run with --engine eager only (the compiled engine runs SDPA)"
+                    if note not in notes:
+                        notes.append(note)
+                    continue
                 # Methods the paper also times under this attention (``attn`` in the method entry) run beside
                 # vanilla in one file, named <label>-<attn> so the report keeps them apart from the SDPA rows.
                 also_here = [SidePlan(dataclasses.replace(s.side, name=f"{s.side.stem}-{ATTN_TAGS.get(attn, attn)}"),

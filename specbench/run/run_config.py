@@ -108,6 +108,9 @@ class RunConfig:
               "a pass-through).")
     attn_implementation: str = option("sdpa", "Target attention: sdpa, eager, or flash (flash-attn for prefill and "
                                       "chain verifies, SDPA for trees; CUDA only).", flag="--attn")
+    engine: Literal["eager", "compiled"] = option("eager", "eager (the model as transformers runs it, a growing KV "
+                                                  "cache) or compiled (a static KV cache and torch.compile'd "
+                                                  "forwards at bucketed row counts; CUDA graphs on a GPU).")
     data_dir: Optional[str] = option(None, "Folder of benchmark JSONL files (else $SPECBENCH_DATA).",
                                      check=DATA_FOLDER)
     system_prompt: Optional[str] = option(None, "System prompt for the chat template.")
@@ -195,6 +198,13 @@ class RunConfig:
         if self.batch_sweep and (len(self.batch_sweep) < 2 or max(self.batch_sweep) != self.batch_size):
             raise SpecbenchError(f"a batch sweep needs two or more sizes, the largest being batch_size "
                                  f"(got {self.batch_sweep} with batch_size {self.batch_size})")
+        if self.engine == "compiled" and self.loop == "batched":
+            raise SpecbenchError("--engine compiled decodes one request at a time; drop --batch-size/--batch-sweep "
+                                 "or use --engine eager")
+        if self.engine == "compiled":
+            from specbench.engine.target import check_engine_setup
+
+            check_engine_setup(self.engine, self.attn_implementation, self.device_map)
         filters = [flag for flag, on in (("--top-k", self.top_k != 0), ("--top-p", self.top_p != 1)) if on]
         if self.temperature == 0 and filters:  # greedy decoding takes the argmax: a filter would be recorded, not used
             named = " and ".join(filters)
@@ -216,6 +226,8 @@ class RunConfig:
                 ident[key] = getattr(self, key)
         if self.repeats != 1:
             ident["repeats"] = self.repeats
+        if self.engine != "eager":  # only when set, so eager runs keep their hash
+            ident["engine"] = self.engine
         if self.budget is not None:
             ident["budget"] = self.budget
         if self.batch_size != 1 or self.batched_loop:  # only when batched, so batch-1 runs keep their hash
@@ -289,6 +301,7 @@ class ReproduceConfig:
                                     cli_type=Optional[Path], convert=commands.path_text)
     device: str = option("auto", "auto (cuda if available, else cpu), cpu, cuda or cuda:N.", check=DEVICE)
     dtype: Optional[str] = option(None, "Override the preset's dtype.", check=DTYPE)
+    engine: Literal["eager", "compiled"] = option("eager", "eager or compiled (as for `specbench run`).")
     max_new_tokens: Optional[int] = option(None, "Override (or supply, where the paper states none) max new tokens.",
                                            ge=1, tokens=True)
     temperature: Optional[float] = option(None, "Run only this temperature instead of the preset's (0 = greedy).",
@@ -338,7 +351,7 @@ class ParityConfig:
 # What every run's identity holds; the rest of ``RunConfig.identity`` is there only when set.
 IDENTITY = ("bench", "target", "dtype", "device", "attn_implementation", "temperature", "top_k", "top_p",
             "max_new_tokens", "seed", "baseline", "category", "system_prompt", "passes")
-_WHEN_SET = ("device_map", "target_revision", "chat_template", "chat_template_kwargs", "repeats", "budget",
+_WHEN_SET = ("device_map", "target_revision", "chat_template", "chat_template_kwargs", "repeats", "engine", "budget",
              "turn_check")
 
 

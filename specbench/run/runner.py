@@ -276,7 +276,8 @@ class Runner:
     def _load(self, cfg: RunConfig, parsed: list, with_baseline: bool) -> None:
         """Target, prompt format and every side's drafter; then the header (with their shas)."""
         self.target = Target.load(cfg.target, cfg.dtype, distributed.rank_device(cfg.device, self.world),
-                                  cfg.attn_implementation, cfg.target_revision, device_map=cfg.device_map)
+                                  cfg.attn_implementation, cfg.target_revision, device_map=cfg.device_map,
+                                  engine=cfg.engine)
         if cfg.max_new_tokens + 1 > self.target.max_context:  # no prompt, however short, could be answered
             raise SpecbenchError(f"--max-new-tokens {cfg.max_new_tokens} does not fit the target's context of "
                                  f"{self.target.max_context} tokens with any prompt; pass a smaller --max-new-tokens")
@@ -363,6 +364,16 @@ class Runner:
         raise SpecbenchError(f"every prompt of {self.bench} is past the target's context of {context} tokens (the "
                              f"shortest is {shortest} tokens, + --max-new-tokens {self.cfg.max_new_tokens} + "
                              f"{TREE_SLACK} tree slack), so nothing would be recorded; {fix}")
+
+    def _reserve_cache(self) -> None:
+        """The compiled engine's static cache sized once for the longest conversation of the stream (its turns
+        and an answer of --max-new-tokens to each), so it does not grow, rebuilding its graphs, mid-run."""
+        if self.cfg.engine != "compiled" or self.target.tokenizer is None or not self.stream_prompts:
+            return
+        longest = max(len(render_chat(self.target.tokenizer, [{"role": "user", "content": "\n".join(p.turns)}],
+                                      self.cfg.system_prompt, self.target.chat))
+                      + len(p.turns) * self.cfg.max_new_tokens for p in self.stream_prompts)
+        self.target.reserve(longest + TREE_SLACK)
 
     def _run_side(self, label: str, drafter: Drafter, query: Query) -> None:
         prompt = query.prompt
@@ -520,6 +531,7 @@ class Runner:
                    TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
         try:  # whatever ends the run, the store closes (a file without a record is not left behind)
             self._check_a_prompt_fits()
+            self._reserve_cache()
             if self.cfg.warmup and self.prompts:
                 self._warmup()
             # Under torchrun only rank 0 draws its bar (its share of the queries).

@@ -69,7 +69,7 @@ class RunStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             existing = has_records(self.path)
         except OSError as exc:  # a folder on the way that this user may not enter
-            raise SpecbenchError(f"cannot write results to {self.path} ({exc.strerror}); pass a writable --out") from None
+            raise self._unwritable(exc) from None
         self._check_writable(replace=not (existing and resume) and (overwrite or not existing),
                              append=existing and resume)
         self.lock = WriterLock(self.path)
@@ -103,7 +103,7 @@ class RunStore:
                 raise PermissionError(errno.EPERM, "it is another user's file in a folder with the sticky bit, where "
                                                    "only its owner may replace it")
         except OSError as exc:
-            raise SpecbenchError(f"cannot write results to {self.path} ({exc.strerror}); pass a writable --out") from None
+            raise self._unwritable(exc) from None
 
     @staticmethod
     def _read_checked(path: Path, expected_hash: str | None, identity: dict | None = None) -> ResultsContent:
@@ -153,9 +153,14 @@ class RunStore:
                 self.fresh, self.published = True, False
             self.good = self.fh.tell()  # bytes of whole lines so far
         except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise write_error(self.path, exc, "nothing was written") from None
-            raise SpecbenchError(f"cannot write results to {self.path} ({exc.strerror}); pass a writable --out") from None
+            raise self._unwritable(exc) from None
+
+    def _unwritable(self, exc: OSError) -> SpecbenchError:
+        """An output refused before anything was written: a full disk says so (``write_error``), anything else
+        asks for another --out."""
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return write_error(self.path, exc, "nothing was written")
+        return SpecbenchError(f"cannot write results to {self.path} ({exc.strerror}); pass a writable --out")
 
     def start(self, environment: dict) -> None:
         before, now = weight_shas(getattr(self, "existing", {})), weight_shas(environment)

@@ -13,6 +13,7 @@ from specbench.analysis.orderings import ordering_frame, orderings_table
 from specbench.records import GenerationRecord
 from specbench.analysis.report.batch import batch_detail_table, batch_frame, batch_table, split_batched
 from specbench.analysis.report.drafters import drafters_table
+from specbench.analysis.report.engines import engine_table
 from specbench.analysis.report.figures import write_figures
 from specbench.analysis.report.method_tables import registered_tables
 from specbench.analysis.report.names import Block, MethodInfo
@@ -52,6 +53,7 @@ class Report:
     cost: Table | None = None  # the forward-cost curve of this hardware, when measured (bench/forward_cost.py)
     batch: Table | None = None  # batched files: speedup over vanilla at the same B against B, crossover B
     batch_detail: Table | None = None  # batched files: throughput, latency, τ, T_D%, ideal per method and B
+    engines: Table | None = None  # each method's speedup with the eager and the compiled engine, when both ran
     hardware: str = ""  # the one machine whose files this report's tables hold
     others: list["Report"] = field(default_factory=list)  # the other machines' reports (split_by_machine)
 
@@ -69,7 +71,7 @@ class Report:
     def own_tables(self) -> list[Table]:
         return [t for t in (self.main, self.streams, self.aa, self.divergence, self.companion, self.ablation,
                             *self.method_tables, self.papers, self.paper_metric, self.orderings, self.drafters,
-                            self.cost, self.batch, self.batch_detail) if t is not None]
+                            self.engines, self.cost, self.batch, self.batch_detail) if t is not None]
 
     @property
     def batch_frame(self) -> pd.DataFrame:
@@ -145,7 +147,7 @@ def machine_report(every: Sequence[ResultFile], hardware: str = "",
                   papers, registered_tables(blocks, prov), paper_metric_table(files), orderings, sides,
                   drafters_table(files, prov), streams, aa_table(every, prov, reps, seed) if reps else None,
                   divergence_table(files, prov), cost_table(files, prov), batch_table(batch, batch_prov),
-                  batch_detail_table(batch, batch_prov), hardware)
+                  batch_detail_table(batch, batch_prov), engine_table(bench_cells, prov), hardware)
 
 
 def write_report(results_glob_or_paths: PathSpec = "results/*.jsonl", out_dir: str | Path = "reports",

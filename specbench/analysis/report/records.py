@@ -42,7 +42,8 @@ BLOCK_TARGET = "report_block"  # set by apart_dtypes only, never written to a re
 def apart_dtypes(files: Sequence[ResultFile]) -> list[ResultFile]:
     """One machine's files, those of a target and temperature that ran in several dtypes with the dtype in their
     block ("smollm2-135m · bfloat16"): a dtype is a setting of its own (other costs, and bf16 text may differ from
-    vanilla's by near-ties), so its rows never pool with another dtype's. One dtype per target: unchanged."""
+    vanilla's by near-ties), so its rows never pool with another dtype's. One dtype per target: unchanged. Files
+    of the compiled engine likewise, always ("smollm2-135m · compiled engine")."""
     from specbench.engine.target import DTYPES
 
     def dtype(f: ResultFile) -> str:  # one name per dtype ("bf16" and "bfloat16" alike)
@@ -52,8 +53,14 @@ def apart_dtypes(files: Sequence[ResultFile]) -> list[ResultFile]:
     dtypes: dict[Block, set[str]] = {}
     for f in files:
         dtypes.setdefault(f.block, set()).add(dtype(f))
-    return [dataclasses.replace(f, meta={**f.meta, BLOCK_TARGET: f"{f.block[0]} · {dtype(f)}"})
-            if len(dtypes[f.block]) > 1 else f for f in files]
+
+    def label(f: ResultFile) -> str | None:
+        parts = [dtype(f)] if len(dtypes[f.block]) > 1 else []
+        if f.meta.get("engine", "eager") != "eager":  # the compiled engine is a setting of its own (other costs)
+            parts.append(f"{f.meta['engine']} engine")
+        return " · ".join([f.block[0], *parts]) if parts else None
+
+    return [dataclasses.replace(f, meta={**f.meta, BLOCK_TARGET: label(f)}) if label(f) else f for f in files]
 
 
 def resolve_paths(spec: PathSpec) -> list[Path]:
