@@ -10,6 +10,10 @@ _SIBLING_DATA = Path(__file__).resolve().parents[2] / "shared" / "datasets"
 if "SPECBENCH_DATA" not in os.environ and _SIBLING_DATA.is_dir():  # set but empty: no data
     os.environ["SPECBENCH_DATA"] = str(_SIBLING_DATA)
 
+# The compiled engine's CPU tuning (frozen weights, a C++ wrapper) makes graphs of tiny models slow to build
+# and changes no path the tests check; bench/engine_speed.py and real runs use it.
+os.environ.setdefault("SPECBENCH_COMPILE_TUNING", "0")
+
 import torch  # noqa: E402
 
 # Tiny models and per-sample tensor ops are faster single-threaded (no pool wake-ups).

@@ -107,7 +107,7 @@ def test_graphs_are_built_once_per_bucket_outside_the_clock():
     config = GenerationConfig(max_new_tokens=6)
     first = generate(target, drafter, [1, 2, 3], config)
     assert first.outside_clock.get("graph_compile", 0) > 0  # prefill's bucket and the one-row verify
-    assert set(target.static.built) == {(bucket(3), False), (1, False)}
+    assert target.static.built == {0, 1}  # a CPU's two graphs: one row, and any other count (symbolic rows)
     again = generate(target, drafter, [4, 5, 6], config)
     assert again.outside_clock == {} and again.to_dict().get("outside_clock") is None
     eager = Target(target.model)

@@ -1,16 +1,17 @@
-"""The compiled engine's forward: the target at a fixed set of row counts over a preallocated cache.
+"""The compiled engine's forward: the target through a few fixed graphs over a preallocated cache.
 
-``--engine compiled`` runs every target forward (prefill chunks, verifies) through ``CompiledForward.run``:
-the rows are padded to the next bucket of ``BUCKETS``, so at most one graph per bucket is ever built
-(``torch.compile``, shapes static; on CUDA ``mode="reduce-overhead"``, i.e. CUDA graphs), and every input
-is a fixed-shape tensor: token ids, positions, and an additive mask over the whole static cache (row r sees
-the committed prefix and its own tree ancestors; a padding row sees only its own spare column, so it stays
-finite and out of every real row's sight). Keys and values go into ``static_cache.StaticKV``.
+``--engine compiled`` runs every target forward (prefill chunks, verifies) through ``CompiledForward.run``,
+whose inputs are token ids, positions, and an additive mask over the whole static cache (row r sees the
+committed prefix and its own tree ancestors among the new rows); keys and values go into
+``static_cache.StaticKV``. How many graphs: on CUDA the rows are padded to the next bucket of ``BUCKETS`` (a
+padding row sees only its own spare column past the capacity, so it stays finite and out of every real row's
+sight), one CUDA graph per bucket (``mode="reduce-overhead"``); on a CPU, where a padded row costs real time,
+nothing is padded: one graph for one row, one with a symbolic row count for 2 to ``BUCKETS[-1]`` rows.
 
-The first time a bucket appears (or after the cache grows) its graph is built on dummy inputs that write
-only spare columns, inside ``PhaseTimer.paused("graph_compile")``: build time is reported on its own and
-never counted in a phase. Built graphs persist in the compiler's on-disk cache (under ``cache_dir()``), so
-a second run spends far less there. A recompile beyond the limit raises rather than falling back to eager.
+A graph is built the first time it is needed (or after the cache grows), on dummy inputs that write only
+spare columns, inside ``PhaseTimer.paused("graph_compile")``: build time is reported on its own and never
+counted in a phase. Built graphs persist in the compiler's on-disk cache (under ``cache_dir()``), so a second
+run spends far less there. A recompile beyond the limit raises rather than falling back to eager.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from specbench.engine.timing import NULL_TIMER, PhaseTimer
 from specbench.errors import SpecbenchError
 
 ENGINES = ("eager", "compiled")  # --engine choices
-BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # rows per forward; prefill runs in chunks of the largest
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # CUDA: rows per forward; prefill runs in chunks of the largest
 CAPACITY_STEP = 256  # the static cache grows in multiples of this
 GRAPH_LIMIT = 512  # graphs per compiled function, every target of a process; past it an error, not eager
 
@@ -54,26 +55,52 @@ def _configure_compiler() -> None:
         config.fail_on_recompile_limit_hit = True
 
 
-def _forward(model, cache, keyword: str, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, hidden: bool):
+def _forward(model, cache, keyword: str, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor):
     out = model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
-                output_hidden_states=hidden, **{keyword: cache})
-    return out.logits, (tuple(out.hidden_states) if hidden else None)
+                output_hidden_states=True, **{keyword: cache})
+    return out.logits, tuple(out.hidden_states)
 
 
-_COMPILED: dict[str | None, object] = {}  # mode -> the compiled _forward, one per process (graphs keyed by guards)
+# On a CPU: weights frozen into the graph (packed for oneDNN's kernels), the projections that read the same input
+# fused into one matmul (q/k/v, gate/up), and a C++ wrapper around the kernels: per-step overhead, not FLOPs,
+# is what a small model's decode step spends its time on there. Set in the compiler's own configuration (passed
+# as torch.compile options they did not take effect: 35 against 55 tok/s), so for the whole process.
+CPU_OPTIONS = {"freezing": True, "cpp_wrapper": True}
+# SPECBENCH_COMPILE_TUNING=0 leaves them off: graphs build several times faster, steps run slower (the test
+# suite builds hundreds of graphs of tiny models: the engine's paths are the same either way).
+TUNING_ENV = "SPECBENCH_COMPILE_TUNING"
+_COMPILED: dict[str, object] = {}  # device type -> the compiled _forward, one per process (graphs keyed by guards)
 
 
-def _compiled(mode: str | None):
-    """The compiled forward of ``mode``. A module-level function, not a bound method: a deep copy of a drafter
-    that holds a ``CompiledForward`` (forced.private_copy) then runs on its own model and cache."""
-    if mode not in _COMPILED:
-        _COMPILED[mode] = torch.compile(_forward, dynamic=False, mode=mode)
-    return _COMPILED[mode]
+def _configure_cpu() -> None:
+    import torch._inductor.config as inductor
+
+    for name, value in CPU_OPTIONS.items():
+        setattr(inductor, name, value)
+    if hasattr(inductor.cpp, "enable_concat_linear"):
+        inductor.cpp.enable_concat_linear = True
+
+
+def _compiled(device_type: str):
+    """The compiled forward for ``device_type``: CUDA graphs on a GPU, ``CPU_OPTIONS`` elsewhere. A module-level
+    function, not a bound method: a deep copy of a drafter that holds a ``CompiledForward``
+    (forced.private_copy) then runs on its own model and cache."""
+    if device_type not in _COMPILED:
+        if device_type == "cuda":
+            _COMPILED[device_type] = torch.compile(_forward, mode="reduce-overhead", dynamic=False)
+        else:
+            if os.environ.get(TUNING_ENV, "1") != "0":
+                _configure_cpu()
+            _COMPILED[device_type] = torch.compile(_forward)
+    return _COMPILED[device_type]
 
 
 class CompiledForward:
-    """``model``'s forward at the row counts of ``BUCKETS`` over a ``StaticKV`` of at least ``capacity``
-    columns (grown on demand, up to ``max_context``)."""
+    """``model``'s forward over a ``StaticKV`` of at least ``capacity`` columns (grown on demand, up to
+    ``max_context``), through few graphs: on CUDA one per bucket of ``BUCKETS`` (rows padded up to it, each
+    graph a CUDA graph); on a CPU one for a single row and one for any other count up to ``BUCKETS[-1]`` (the
+    row dimension symbolic, nothing padded: a padded row costs real time there). Frozen weights: a model's
+    weights must not change once its graphs are built."""
 
     def __init__(self, model, capacity: int, max_context: int) -> None:
         _configure_compiler()
@@ -81,12 +108,14 @@ class CompiledForward:
         weight = model.get_input_embeddings().weight
         self.device, self.dtype = weight.device, weight.dtype
         self.cuda_graphs = self.device.type == "cuda"
+        # CPU: plain matmul attention in the graph (the compiler fuses it; SDPA's CPU kernel over the whole static
+        # width cost more than the rest of a one-row step); GPU: the model's own (SDPA).
+        self.attention = None if self.cuda_graphs else "eager"
         self.keyword = kvcache.cache_keyword(type(model).forward)
         self.max_context = max_context
         self.floor = torch.finfo(self.dtype).min
         self.cache = None  # static_cache.StaticKV
         self._allocate(self._round(capacity))
-        self.mode = "reduce-overhead" if self.cuda_graphs else None
 
     def _round(self, tokens: int) -> int:
         rounded = -(-max(tokens, 1) // CAPACITY_STEP) * CAPACITY_STEP
@@ -102,7 +131,7 @@ class CompiledForward:
                 new[:, :, :old.rows] = kept[:, :, :old.rows]
             self.cache.rows = old.rows
         self._inputs: dict[int, tuple[torch.Tensor, ...]] = {}
-        self.built: set[tuple[int, bool]] = set()  # (bucket, taps): graphs built for this cache
+        self.built: set[int] = set()  # graph keys (``graph_key``) built for this cache
 
     def reserve(self, tokens: int) -> None:
         """Make room for ``tokens`` columns (prompt, new tokens and the widest verify after them)."""
@@ -113,8 +142,16 @@ class CompiledForward:
     def width(self) -> int:
         return self.cache.capacity + self.cache.spare
 
+    def rows_for(self, q: int) -> int:
+        """Rows a forward of ``q`` runs: its bucket with CUDA graphs, ``q`` itself on a CPU."""
+        return bucket(q) if self.cuda_graphs else q
+
+    def graph_key(self, size: int) -> int:
+        """Which graph runs ``size`` rows: the bucket's (CUDA); 1 or the symbolic-rows graph, 0 (CPU)."""
+        return size if self.cuda_graphs or size == 1 else 0
+
     def _buffers(self, size: int) -> tuple[torch.Tensor, ...]:
-        """(ids [1, b], positions [1, b], mask [1, 1, b, width], slots [b]) of bucket ``size``, reused."""
+        """(ids [1, n], positions [1, n], mask [1, 1, n, width], slots [n]) for ``size`` rows, reused."""
         if size not in self._inputs:
             d = self.device
             self._inputs[size] = (torch.zeros(1, size, dtype=torch.long, device=d),
@@ -123,8 +160,15 @@ class CompiledForward:
                                   torch.zeros(size, dtype=torch.long, device=d))
         return self._inputs[size]
 
-    def _step(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, hidden: bool):
-        return _compiled(self.mode)(self.model, self.cache, self.keyword, ids, positions, mask, hidden)
+    def _step(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor):
+        config = self.model.config
+        saved = config._attn_implementation
+        if self.attention:
+            config._attn_implementation = self.attention
+        try:
+            return _compiled(self.device.type)(self.model, self.cache, self.keyword, ids, positions, mask)
+        finally:
+            config._attn_implementation = saved
 
     def _pad_rows(self, mask: torch.Tensor, slots: torch.Tensor, first: int, size: int) -> None:
         """Rows [first, size) are padding: each writes and sees only its own spare column."""
@@ -133,16 +177,21 @@ class CompiledForward:
             slots[first:] = self.cache.capacity + rows
             mask[0, 0, rows, self.cache.capacity + rows] = 0
 
-    def _build(self, size: int, hidden: bool, timer: PhaseTimer) -> None:
-        """Build bucket ``size``'s graph on dummy rows that touch only spare columns (outside the clock)."""
+    def _build(self, key: int, timer: PhaseTimer) -> None:
+        """Build graph ``key`` on dummy rows that touch only spare columns (outside the clock); the symbolic-rows
+        graph of a CPU from two rows, its row dimension marked dynamic (2 to the largest bucket)."""
+        size = key or 2
         ids, positions, mask, slots = (torch.zeros_like(t) for t in self._buffers(size))
         mask.fill_(self.floor)
         self._pad_rows(mask, slots, 0, size)
+        if key == 0:
+            for tensor, dim in ((ids, 1), (positions, 1), (mask, 2), (slots, 0)):
+                torch._dynamo.mark_dynamic(tensor, dim, min=2, max=BUCKETS[-1])
         with timer.paused("graph_compile"):
             self.cache.slots = slots
             for _ in range(3 if self.cuda_graphs else 1):  # CUDA graph trees record on a later call
-                self._step(ids, positions, mask, hidden)
-        self.built.add((size, hidden))
+                self._step(ids, positions, mask)
+        self.built.add(key)
 
     def causal_rows(self, start: int, q: int) -> torch.Tensor:
         """For a forward run outside the graphs (layer by layer: ``split_verify``): point the cache's writes at
@@ -163,11 +212,14 @@ class CompiledForward:
         start..start+q-1; row i sees columns [0, start) and the new rows j with ``visible[i, j]`` (None:
         causal). Returns logits [q, V] and, with ``hidden``, every hidden state [q, H] (HF order)."""
         q = ids.shape[0]
+        if q > BUCKETS[-1]:
+            raise SpecbenchError(f"the compiled engine runs at most {BUCKETS[-1]} rows per forward ({q} asked); "
+                                 "lower the tree budget or use --engine eager")
         if start + q > self.cache.capacity:
             self.reserve(start + q)
-        size = bucket(q)
-        if (size, hidden) not in self.built:
-            self._build(size, hidden, timer)
+        size = self.rows_for(q)
+        if self.graph_key(size) not in self.built:
+            self._build(self.graph_key(size), timer)
         x, pos, mask, slots = self._buffers(size)
         x[0, :q] = ids
         x[0, q:] = 0
@@ -180,10 +232,10 @@ class CompiledForward:
         slots[:q] = torch.arange(start, start + q, device=self.device)
         self._pad_rows(mask, slots, q, size)
         self.cache.slots = slots
-        logits, states = self._step(x, pos, mask, hidden)
+        logits, states = self._step(x, pos, mask)
         self.cache.rows = start + q
         logits = logits[0, :q]
-        states = tuple(h[0, :q] for h in states) if states is not None else None
+        states = tuple(h[0, :q] for h in states) if hidden else None
         if self.cuda_graphs:  # a graph's outputs are overwritten by its next replay
             logits = logits.clone()
             states = tuple(h.clone() for h in states) if states is not None else None
