@@ -36,7 +36,8 @@ TEST_WORKERS ?= 2
 test:
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not deep"
 
-# The end-to-end T = 1 check of every method with power (1,500 draws each, about 6 minutes on 2 cores).
+# The checks too long for `make test`: the end-to-end T = 1 check of every method with power (1,500 draws each),
+# the real target's T = 1 and compiled-engine checks (about 11 minutes on 2 cores).
 test-deep:
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m deep
 

@@ -128,13 +128,18 @@ def measure(spec: str, dtype: str, args, bandwidth: float) -> tuple[list[list[st
     # graphs first: ours (its outside-clock time) and transformers' (its first calls' wall time)
     _, _, build = ours(compiled, ids, 8)
     start = time.perf_counter()
-    hf_compiled(eager.model, ids, 8)
+    try:
+        hf_compiled(eager.model, ids, 8)
+        runs: dict[str, list[float]] = {"eager": [], "compiled": [], "transformers compiled": []}
+    except Exception as exc:  # noqa: BLE001 - their compiled generate on this machine: reported, not fatal
+        print(f"{spec} {dtype}: transformers' compiled generate failed ({type(exc).__name__}: {exc})"[:300],
+              file=sys.stderr)
+        runs = {"eager": [], "compiled": []}
     hf_build = time.perf_counter() - start
-    runs: dict[str, list[float]] = {"eager": [], "compiled": [], "transformers compiled": []}
     texts: dict[str, list[int]] = {}
     order = list(runs)
     for r in range(args.rounds):
-        for name in order[r % 3:] + order[:r % 3]:
+        for name in order[r % len(order):] + order[:r % len(order)]:
             if name == "transformers compiled":
                 tps, text = hf_compiled(eager.model, ids, args.tokens)
             else:
@@ -144,8 +149,7 @@ def measure(spec: str, dtype: str, args, bandwidth: float) -> tuple[list[list[st
         print(f"{spec} {dtype} round {r + 1}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in runs.items()),
               flush=True)
     med = {k: statistics.median(v) for k, v in runs.items()}
-    same = "yes" if texts["eager"] == texts["compiled"] == texts["transformers compiled"][:len(texts["eager"])] \
-        else "no"
+    same = "yes" if all(text[:len(texts["eager"])] == texts["eager"] for text in texts.values()) else "no"
     speed = [[spec, dtype, name, f"{med[name]:.1f}", f"{100 * med[name] / bound:.0f}%",
               f"{med[name] / med['eager']:.2f}x", f"{build if name == 'compiled' else hf_build if name != 'eager' else 0:.0f}",
               same] for name in runs]

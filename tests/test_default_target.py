@@ -48,6 +48,7 @@ def test_shipped_specblock_drafter_is_lossless_and_accepts(target):
     assert sum(record.accept_lengths) > 0 and record.forwards["drafter"] >= record.n_verify
 
 
+@pytest.mark.deep  # two graphs of the 30-layer target: about two minutes to build, kept out of `make test`
 def test_compiled_engine_on_the_real_target_writes_vanillas_text(target):
     """The compiled engine on the embedded target (fp32): vanilla's text equals the eager engine's, and a
     shipped tree drafter's (EAGLE-3, taps and a 17-row tree) and SpS's chain equal vanilla's under it."""

@@ -227,7 +227,7 @@ def real_target() -> Target:
         pytest.skip(f"the default target is not installed: {exc}")
 
 
-@pytest.mark.slow
+@pytest.mark.deep  # 0.5-0.8 s a draw on 2 cores: over two minutes, kept out of `make test` (under 20 minutes)
 @pytest.mark.parametrize("name", REAL_METHODS)
 def test_shipped_drafters_commit_the_real_targets_law(name):
     assert name in available_methods()
