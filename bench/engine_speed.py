@@ -88,8 +88,10 @@ def hf_compiled(model, ids: list[int], tokens: int) -> tuple[float, list[int]]:
     from transformers import CompileConfig
 
     x = torch.tensor([ids], device=model.device)
+    config = CompileConfig(dynamic=False)
+    config._compile_all_devices = True  # transformers compiles on CUDA-like devices only unless told (a class field)
     kwargs = dict(attention_mask=torch.ones_like(x), do_sample=False, cache_implementation="static",
-                  compile_config=CompileConfig(_compile_all_devices=True, dynamic=False), pad_token_id=0)
+                  compile_config=config, pad_token_id=0)
     seconds = []
     with torch.inference_mode():
         for n in (1, tokens):

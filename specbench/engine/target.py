@@ -7,9 +7,9 @@ at P..P+N (ids, depth positions, mask, on the device); ``verify`` runs them and 
 ``commit(rows)`` keeps the chosen rows (row 0 = b) at P.. and drops the rest.
 
 Two engines (``engine``): ``eager`` runs the model as transformers defines it over a growing
-``DynamicCache``; ``compiled`` runs every forward through ``compiled_forward.CompiledForward`` (row counts
-bucketed, one ``torch.compile``d graph per bucket, a preallocated ``StaticKV``; prefill in chunks of the
-largest bucket), and commit moves rows inside the fixed buffers. The same ids, positions and ancestor-only
+``DynamicCache``; ``compiled`` runs every forward through ``compiled_forward.CompiledForward`` (a few fixed
+``torch.compile``d graphs over a preallocated ``StaticKV``; prefill in chunks of the largest row bucket), and
+commit moves rows inside the fixed buffers. The same ids, positions and ancestor-only
 visibility feed both.
 
 The clock is an argument (``timer``), never an attribute: forwards are counted only where the

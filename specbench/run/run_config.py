@@ -109,8 +109,8 @@ class RunConfig:
     attn_implementation: str = option("sdpa", "Target attention: sdpa, eager, or flash (flash-attn for prefill and "
                                       "chain verifies, SDPA for trees; CUDA only).", flag="--attn")
     engine: Literal["eager", "compiled"] = option("eager", "eager (the model as transformers runs it, a growing KV "
-                                                  "cache) or compiled (a static KV cache and torch.compile'd "
-                                                  "forwards at bucketed row counts; CUDA graphs on a GPU).")
+                                                  "cache) or compiled (a static KV cache and a few "
+                                                  "torch.compile'd graphs; CUDA graphs on a GPU).")
     data_dir: Optional[str] = option(None, "Folder of benchmark JSONL files (else $SPECBENCH_DATA).",
                                      check=DATA_FOLDER)
     system_prompt: Optional[str] = option(None, "System prompt for the chat template.")
