@@ -83,18 +83,22 @@ def ours(target: Target, ids: list[int], tokens: int) -> tuple[float, list[int],
     return (record.num_new - 1) / record.decode_time, record.new_tokens, sum(record.outside_clock.values())
 
 
-def hf_compiled(model, ids: list[int], tokens: int) -> tuple[float, list[int]]:
-    """(decode tokens/s, tokens) of transformers' generate with a static cache and torch.compile."""
-    from transformers import CompileConfig
+def hf_compiled(model, ids: list[int], tokens: int, room: int) -> tuple[float, list[int]]:
+    """(decode tokens/s, tokens) of transformers' generate with a static cache and torch.compile. Every call gets
+    a fresh static cache of the same ``room`` columns: its graphs are specialised to that length."""
+    from transformers import CompileConfig, StaticCache
+
+    from specbench.engine import kvcache
 
     x = torch.tensor([ids], device=model.device)
     config = CompileConfig(dynamic=False)
     config._compile_all_devices = True  # transformers compiles on CUDA-like devices only unless told (a class field)
-    kwargs = dict(attention_mask=torch.ones_like(x), do_sample=False, cache_implementation="static",
-                  compile_config=config, pad_token_id=0)
+    keyword = kvcache.cache_keyword(type(model).forward)
+    kwargs = dict(attention_mask=torch.ones_like(x), do_sample=False, compile_config=config, pad_token_id=0)
     seconds = []
     with torch.inference_mode():
         for n in (1, tokens):
+            kwargs[keyword] = StaticCache(config=model.config, max_cache_len=room)
             synchronize(model.device)
             start = time.perf_counter()
             out = model.generate(x, max_new_tokens=n, min_new_tokens=n, **kwargs)
@@ -130,8 +134,9 @@ def measure(spec: str, dtype: str, args, bandwidth: float) -> tuple[list[list[st
     # graphs first: ours (its outside-clock time) and transformers' (its first calls' wall time)
     _, _, build = ours(compiled, ids, 8)
     start = time.perf_counter()
+    room = len(ids) + args.tokens + 1
     try:
-        hf_compiled(eager.model, ids, 8)
+        hf_compiled(eager.model, ids, 8, room)
         runs: dict[str, list[float]] = {"eager": [], "compiled": [], "transformers compiled": []}
     except Exception as exc:  # noqa: BLE001 - their compiled generate on this machine: reported, not fatal
         print(f"{spec} {dtype}: transformers' compiled generate failed ({type(exc).__name__}: {exc})"[:300],
@@ -143,7 +148,7 @@ def measure(spec: str, dtype: str, args, bandwidth: float) -> tuple[list[list[st
     for r in range(args.rounds):
         for name in order[r % len(order):] + order[:r % len(order)]:
             if name == "transformers compiled":
-                tps, text = hf_compiled(eager.model, ids, args.tokens)
+                tps, text = hf_compiled(eager.model, ids, args.tokens, room)
             else:
                 tps, text, _ = ours(eager if name == "eager" else compiled, ids, args.tokens)
             runs[name].append(tps)
