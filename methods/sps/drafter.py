@@ -158,7 +158,8 @@ class SpSDrafter(Drafter):
         self.step_lengths: list[int] = []  # chain length of every step, for the record
 
     def _run(self, ids: list[int], start: int, state: DecodeState) -> torch.Tensor:
-        """One draft-model forward over ``ids`` at positions start.. (appends to the draft cache); their logits."""
+        """One draft-model forward over ``ids`` at positions start.. (appends to the draft cache); the last one's
+        logits [1, V]."""
         with state.timer.forward("drafter"):
             return self.lm.forward(ids, start, timer=state.timer)[0]
 

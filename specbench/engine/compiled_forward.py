@@ -205,6 +205,19 @@ class CompiledForward:
                                          .tril_(diagonal=start), 0)
         return mask[None, None]
 
+    def run_causal(self, ids: torch.Tensor, start: int, hidden: bool, timer: PhaseTimer = NULL_TIMER
+                   ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        """``ids`` [n] at positions start.., each seeing everything before it (a prompt, a fed suffix), in chunks
+        of ``BUCKETS[-1]`` rows. Returns the last row's logits [1, V] and, with ``hidden``, every hidden state of
+        every row [n, H] (HF order)."""
+        parts = []
+        for first in range(0, ids.shape[0], BUCKETS[-1]):
+            chunk, at = ids[first:first + BUCKETS[-1]], start + first
+            parts.append(self.run(chunk, torch.arange(at, at + chunk.shape[0], device=self.device), None, at,
+                                  hidden, timer))
+        states = tuple(torch.cat(layer) for layer in zip(*(p[1] for p in parts))) if hidden else None
+        return parts[-1][0][-1:], states
+
     @torch.no_grad()
     def run(self, ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor | None, start: int,
             hidden: bool, timer: PhaseTimer = NULL_TIMER) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:

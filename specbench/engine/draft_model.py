@@ -1,7 +1,7 @@
 """A drafter's own causal LM over one request's tokens, in the run's engine (SpS's draft model, PACER's).
 
 ``DraftLM.forward(ids, start)`` runs tokens at positions start.. after the first ``start`` cached ones and
-returns their logits (and every hidden state when asked); ``truncate(n)`` keeps the first n. With the eager
+returns the last one's logits (and every hidden state when asked); ``truncate(n)`` keeps the first n. With the eager
 engine the model runs over a ``DynamicCache``; with the compiled engine over ``CompiledForward`` (a static cache
 and graphs per row bucket), the target's own treatment, so a draft model is never the slow side of a fast engine.
 """
@@ -14,7 +14,7 @@ from typing import Sequence
 import torch
 
 from specbench.engine import kvcache
-from specbench.engine.compiled_forward import BUCKETS, CompiledForward
+from specbench.engine.compiled_forward import CompiledForward
 from specbench.engine.timing import NULL_TIMER, PhaseTimer
 
 
@@ -59,21 +59,14 @@ class DraftLM:
 
     def forward(self, ids: Sequence[int], start: int, hidden: bool = False, timer: PhaseTimer = NULL_TIMER
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
-        """Logits [n, V] of ``ids`` at positions start.. (cached after the first ``start``), and with ``hidden``
-        every hidden state [n, H] (HF order). ``timer``: the clock graph builds are taken out of."""
+        """The last row's logits [1, V] of ``ids`` at positions start.. (cached after the first ``start``), and with
+        ``hidden`` every hidden state of every row [n, H] (HF order). ``timer``: the clock graph builds are taken
+        out of."""
         x = torch.tensor(list(ids), dtype=torch.long, device=self.device)
-        if self.static is None:
-            with torch.inference_mode():
-                out = self.model(input_ids=x[None], position_ids=torch.arange(start, start + len(x),
-                                                                              device=self.device)[None],
-                                 use_cache=True, output_hidden_states=hidden, **kvcache.cache_arg(self.model, self.cache))
-            return out.logits[0], (tuple(h[0] for h in out.hidden_states) if hidden else None)
-        parts = []
-        for first in range(0, len(x), BUCKETS[-1]):  # a long feed (the prompt) in chunks of the largest bucket
-            chunk = x[first:first + BUCKETS[-1]]
-            at = start + first
-            parts.append(self.static.run(chunk, torch.arange(at, at + len(chunk), device=self.device), None, at,
-                                         hidden, timer))
-        logits = torch.cat([p[0] for p in parts])
-        states = tuple(torch.cat(layer) for layer in zip(*(p[1] for p in parts))) if hidden else None
-        return logits, states
+        if self.static is not None:
+            return self.static.run_causal(x, start, hidden, timer)
+        positions = torch.arange(start, start + len(x), device=self.device)[None]
+        with torch.inference_mode():
+            out = self.model(input_ids=x[None], position_ids=positions, use_cache=True, output_hidden_states=hidden,
+                             **kvcache.cache_arg(self.model, self.cache))
+        return out.logits[0, -1:], (tuple(h[0] for h in out.hidden_states) if hidden else None)

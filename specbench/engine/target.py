@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 
 from specbench.engine import DEFAULT_TARGET, kvcache, split_verify
-from specbench.engine.compiled_forward import BUCKETS, CompiledForward, check_engine
+from specbench.engine.compiled_forward import CompiledForward, check_engine
 from specbench.engine.packaged import PACKAGED, cache_dir, locate_packaged
 from specbench.errors import SpecbenchError, installed_version
 from specbench.engine.timing import NULL_TIMER, PhaseTimer
@@ -402,15 +402,8 @@ class Target:
 
     def _static_prefill(self, ids: torch.Tensor, taps: Sequence[int], timer: PhaseTimer) -> TargetOutput:
         """The prompt in chunks of the largest bucket, each seeing the chunks before it."""
-        n, step = ids.shape[0], BUCKETS[-1]
-        tapped: dict[int, list[torch.Tensor]] = {i: [] for i in taps}  # a tap named twice is kept once
-        for start in range(0, n, step):
-            chunk = ids[start:start + step]
-            positions = torch.arange(start, start + chunk.shape[0], device=self.device)
-            logits, states = self._static_forward(chunk, positions, None, start, taps, timer)
-            for i, parts in tapped.items():
-                parts.append(states[i])
-        return TargetOutput(logits[-1:], {i: torch.cat(parts) for i, parts in tapped.items()})
+        logits, states = self.static.run_causal(ids, 0, bool(taps), timer)
+        return TargetOutput(logits, {i: states[i] for i in taps} if taps else {})
 
     def prefill(self, input_ids: Sequence[int] | torch.Tensor, taps: Sequence[int] = (),
                 timer: PhaseTimer = NULL_TIMER) -> TargetOutput:
