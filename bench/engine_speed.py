@@ -35,6 +35,7 @@ import torch
 
 from specbench.data.results import environment_metadata
 from specbench.engine import DEFAULT_TARGET
+from specbench.engine.compiled_forward import TUNING_ENV, tuning_level
 from specbench.engine.loop import GenerationConfig, generate
 from specbench.engine.prompts import render_chat
 from specbench.engine.target import Target
@@ -99,7 +100,7 @@ def hf_compiled(model, ids: list[int], tokens: int, room: int) -> tuple[float, l
     import torch._inductor.config as inductor
 
     # the compiler's defaults: our CPU tuning (engine/compiled_forward.py) would freeze their cache's position counter
-    with torch.inference_mode(), inductor.patch(freezing=False, cpp_wrapper=False):
+    with torch.inference_mode(), inductor.patch(freezing=False, cpp_wrapper=False, max_autotune=False):
         for n in (1, tokens):
             kwargs[keyword] = StaticCache(config=model.config, max_cache_len=room)
             synchronize(model.device)
@@ -188,6 +189,28 @@ def table(columns: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows]) + "\n"
 
 
+def write(out: Path, args, bandwidth: float, seconds: float, speed: list[list[str]], curve: list[list[str]]) -> None:
+    env = environment_metadata(args.device)
+    tuning = f"CPU graph tuning level {tuning_level()} ({TUNING_ENV}); " if args.device == "cpu" else ""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
+        "# Engine speed: vanilla decoding in both engines, and transformers' compiled generate\n\n"
+        f"Hardware: {env['hardware']}; {env['threads']} threads; git {env['git_sha']}; {tuning}read bandwidth "
+        f"{bandwidth:.1f} GB/s; {seconds:.0f} s. Command: `python bench/engine_speed.py {' '.join(sys.argv[1:])}`.\n\n"
+        f"Greedy, {args.tokens} new tokens, median of {args.rounds} rounds (the three back to back, order rotating). "
+        "*of bound*: tokens/s over the bandwidth bound (read bandwidth / bytes of weights). *graph build s*: "
+        "time spent building graphs before the rounds, never in the tokens/s. *same text*: whether the three wrote "
+        "the same tokens (in bf16 the engines' kernels round differently, so a near-tie can flip).\n\n"
+        + table(SPEED, speed) + f"\n## Verify cost (median of {args.repeats} forwards after the prompt)\n\n"
+        + table(CURVE, curve))
+    with out.with_suffix(".csv").open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["kind"] + SPEED)
+        w.writerows([["speed"] + r for r in speed])
+        w.writerow(["kind"] + CURVE)
+        w.writerows([["verify"] + r for r in curve])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--targets", default=f"{DEFAULT_TARGET},{QWEN}")
@@ -212,24 +235,8 @@ def main() -> None:
                 continue
             speed += s
             curve += c
-    env = environment_metadata(args.device)
+            write(Path(args.out), args, bandwidth, time.perf_counter() - start, speed, curve)  # after each setting
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        "# Engine speed: vanilla decoding in both engines, and transformers' compiled generate\n\n"
-        f"Hardware: {env['hardware']}; {env['threads']} threads; git {env['git_sha']}; read bandwidth {bandwidth:.1f} GB/s; "
-        f"{time.perf_counter() - start:.0f} s. Command: `python bench/engine_speed.py {' '.join(sys.argv[1:])}`.\n\n"
-        f"Greedy, {args.tokens} new tokens, median of {args.rounds} rounds (the three back to back, order rotating). "
-        "*of bound*: tokens/s over the bandwidth bound (read bandwidth / bytes of weights). *graph build s*: "
-        "time spent building graphs before the rounds, never in the tokens/s.\n\n"
-        + table(SPEED, speed) + f"\n## Verify cost (median of {args.repeats} forwards after the prompt)\n\n"
-        + table(CURVE, curve))
-    with out.with_suffix(".csv").open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["kind"] + SPEED)
-        w.writerows([["speed"] + r for r in speed])
-        w.writerow(["kind"] + CURVE)
-        w.writerows([["verify"] + r for r in curve])
     print(f"wrote {out} and {out.with_suffix('.csv')}")
 
 

@@ -141,6 +141,19 @@ def test_engine_choice_is_checked():
         check_engine_setup("compiled", "sdpa", "auto")
 
 
+def test_cpu_tuning_level_is_read_and_checked(monkeypatch):
+    from specbench.engine.compiled_forward import TUNING_ENV, tuning_level
+
+    for level in ("0", "1", "2"):
+        monkeypatch.setenv(TUNING_ENV, level)
+        assert tuning_level() == int(level)
+    monkeypatch.delenv(TUNING_ENV)
+    assert tuning_level() == 2  # autotuned matmuls unless told otherwise
+    monkeypatch.setenv(TUNING_ENV, "max")
+    with pytest.raises(SpecbenchError, match="use 0 .* 1 .* or 2"):
+        tuning_level()
+
+
 # ---- every registered method, greedy, tiny models -------------------------------------------------
 GREEDY_PROMPTS = [PROMPT, [2, 2, 1, 0, 3, 1]]
 

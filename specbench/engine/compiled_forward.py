@@ -10,8 +10,8 @@ nothing is padded: one graph for one row, one with a symbolic row count for 2 to
 
 A graph is built the first time it is needed (or after the cache grows), on dummy inputs that write only
 spare columns, inside ``PhaseTimer.paused("graph_compile")``: build time is reported on its own and never
-counted in a phase. Built graphs persist in the compiler's on-disk cache (under ``cache_dir()``), so a second
-run spends far less there. A recompile beyond the limit raises rather than falling back to eager.
+counted in a phase. The compiler's on-disk cache (under ``cache_dir()``) keeps compiled kernels and autotuning
+results for the next run (frozen CPU graphs themselves are rebuilt by every process). A recompile beyond the limit raises rather than falling back to eager.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def bucket(rows: int) -> int:
 
 
 def _configure_compiler() -> None:
-    """Graphs in the package's cache folder (a second run reuses them) and no silent eager fallback."""
+    """The compiler's cache in the package's cache folder and no silent eager fallback."""
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
     config = torch._dynamo.config
     for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
@@ -61,21 +61,37 @@ def _forward(model, cache, keyword: str, ids: torch.Tensor, positions: torch.Ten
     return out.logits, tuple(out.hidden_states)
 
 
-# On a CPU: weights frozen into the graph (packed for oneDNN's kernels), the projections that read the same input
-# fused into one matmul (q/k/v, gate/up), and a C++ wrapper around the kernels: per-step overhead, not FLOPs,
-# is what a small model's decode step spends its time on there. Set in the compiler's own configuration (passed
-# as torch.compile options they did not take effect: 35 against 55 tok/s), so for the whole process.
+# On a CPU: weights frozen into the graph (packed for the kernels), the projections that read the same input
+# fused into one matmul (q/k/v, gate/up), a C++ wrapper around the kernels, and every matmul autotuned between
+# oneDNN and the compiler's own C++ GEMM templates (micro-kernels for the CPU's vector unit): per-step overhead
+# and one-row matmuls, not FLOPs, are what a small model's decode step spends its time on there. Measured on a
+# 2-core AMD Zen 4 in bf16 (SmolLM2-135M, vanilla): 22 tok/s eager, 39 with the first three, 60-80 with the
+# templates too (the lm_head's one-row matmul: 1.1 ms against oneDNN's 2.6 ms). Set in the compiler's own
+# configuration (passed as torch.compile options they did not take effect), so for the whole process.
 CPU_OPTIONS = {"freezing": True, "cpp_wrapper": True}
-# SPECBENCH_COMPILE_TUNING=0 leaves them off: graphs build several times faster, steps run slower (the test
-# suite builds hundreds of graphs of tiny models: the engine's paths are the same either way).
+AUTOTUNE_OPTIONS = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
+# SPECBENCH_COMPILE_TUNING: 2 (the default) all of it; 1 without the autotuning (graphs build in about half the
+# time: the autotuning benchmarks each matmul shape, and frozen graphs are not kept by the compiler's graph cache,
+# so every process builds them again); 0 none (several times faster builds, slower steps: the test suite builds
+# hundreds of graphs of tiny models, and the engine's paths are the same either way).
 TUNING_ENV = "SPECBENCH_COMPILE_TUNING"
+TUNING_LEVELS = ("0", "1", "2")
 _COMPILED: dict[str, object] = {}  # device type -> the compiled _forward, one per process (graphs keyed by guards)
 
 
-def _configure_cpu() -> None:
+def tuning_level() -> int:
+    level = os.environ.get(TUNING_ENV, "2").strip()
+    if level not in TUNING_LEVELS:
+        raise SpecbenchError(f"{TUNING_ENV}={level!r}: use 0 (no CPU tuning), 1 (frozen weights, fused projections, "
+                             "C++ wrapper) or 2 (those and autotuned matmuls, the default)")
+    return int(level)
+
+
+def _configure_cpu(level: int) -> None:
     import torch._inductor.config as inductor
 
-    for name, value in CPU_OPTIONS.items():
+    options = {**CPU_OPTIONS, **(AUTOTUNE_OPTIONS if level >= 2 else {})}
+    for name, value in options.items():
         setattr(inductor, name, value)
     if hasattr(inductor.cpp, "enable_concat_linear"):
         inductor.cpp.enable_concat_linear = True
@@ -89,8 +105,9 @@ def _compiled(device_type: str):
         if device_type == "cuda":
             _COMPILED[device_type] = torch.compile(_forward, mode="reduce-overhead", dynamic=False)
         else:
-            if os.environ.get(TUNING_ENV, "1") != "0":
-                _configure_cpu()
+            level = tuning_level()
+            if level:
+                _configure_cpu(level)
             _COMPILED[device_type] = torch.compile(_forward)
     return _COMPILED[device_type]
 

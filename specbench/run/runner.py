@@ -41,6 +41,7 @@ from specbench.engine.drafter import Drafter
 from specbench.engine.registry import method_class, parse_options
 from specbench.engine.forced import forced_check
 from specbench.engine.loop import GenerationConfig, generate, generate_turns
+from specbench.engine.compiled_forward import tuning_level
 from specbench.engine.batch_loop import BatchConfig, BatchRequest, generate_batch, generate_conversations
 from specbench.errors import SpecbenchError
 from specbench.data.benchmarks import HEADER_KEY, category_header
@@ -300,6 +301,8 @@ class Runner:
         env = {**environment_metadata(self.target.device), "weights": weights, "drafter_recipes": drafter_recipes(weights),
                "prompt_format": prompt_format, "dtype_reason": self.dtype_reason,
                **machine_load.start_fields(self.load_start)}
+        if cfg.engine == "compiled" and self.target.device.type == "cpu":  # how its graphs were tuned
+            env["compile_tuning"] = tuning_level()
         if cfg.device_map:
             placed = getattr(self.target.model, "hf_device_map", None) or {"": str(self.target.device)}
             env["device_map"] = sorted({str(d) for d in placed.values()})  # the devices the target spans
