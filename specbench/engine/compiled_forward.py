@@ -16,6 +16,7 @@ results for the next run (frozen CPU graphs themselves are rebuilt by every proc
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -62,14 +63,16 @@ def _forward(model, cache, keyword: str, ids: torch.Tensor, positions: torch.Ten
 
 
 # On a CPU: weights frozen into the graph (packed for the kernels), the projections that read the same input
-# fused into one matmul (q/k/v, gate/up), a C++ wrapper around the kernels, and every matmul autotuned between
-# oneDNN and the compiler's own C++ GEMM templates (micro-kernels for the CPU's vector unit): per-step overhead
-# and one-row matmuls, not FLOPs, are what a small model's decode step spends its time on there. Measured on a
-# 2-core AMD Zen 4 in bf16 (SmolLM2-135M, vanilla): 22 tok/s eager, 39 with the first three, 60-80 with the
-# templates too (the lm_head's one-row matmul: 1.1 ms against oneDNN's 2.6 ms). Set in the compiler's own
-# configuration (passed as torch.compile options they did not take effect), so for the whole process.
+# fused into one matmul (q/k/v, gate/up) and a C++ wrapper around the kernels: per-step overhead, not FLOPs, is
+# what a small model's decode step spends its time on there. Set in the compiler's own configuration (passed as
+# torch.compile options they did not take effect), so for the whole process.
 CPU_OPTIONS = {"freezing": True, "cpp_wrapper": True}
-AUTOTUNE_OPTIONS = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
+# The one-row graph's matmuls are also autotuned between oneDNN and the compiler's own C++ GEMM templates
+# (micro-kernels for the CPU's vector unit). Measured on a 2-core AMD Zen 4, SmolLM2-135M vanilla: bf16 22 tok/s
+# eager, 39 without, 63 with (the lm_head's one-row matmul 1.1 ms against oneDNN's 2.6); fp32 16, 42 with. Not
+# the symbolic-rows graph: tuned at its smallest row count, the templates made a bf16 16-row verify 5.8x a
+# one-row step there (oneDNN's bf16 kernels win from about 8 rows).
+ONE_ROW_OPTIONS = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
 # SPECBENCH_COMPILE_TUNING: 2 (the default) all of it; 1 without the autotuning (graphs build in about half the
 # time: the autotuning benchmarks each matmul shape, and frozen graphs are not kept by the compiler's graph cache,
 # so every process builds them again); 0 none (several times faster builds, slower steps: the test suite builds
@@ -83,18 +86,25 @@ def tuning_level() -> int:
     level = os.environ.get(TUNING_ENV, "2").strip()
     if level not in TUNING_LEVELS:
         raise SpecbenchError(f"{TUNING_ENV}={level!r}: use 0 (no CPU tuning), 1 (frozen weights, fused projections, "
-                             "C++ wrapper) or 2 (those and autotuned matmuls, the default)")
+                             "C++ wrapper) or 2 (those and the one-row graph's matmuls autotuned, the default)")
     return int(level)
 
 
-def _configure_cpu(level: int) -> None:
+def _configure_cpu() -> None:
     import torch._inductor.config as inductor
 
-    options = {**CPU_OPTIONS, **(AUTOTUNE_OPTIONS if level >= 2 else {})}
-    for name, value in options.items():
+    for name, value in CPU_OPTIONS.items():
         setattr(inductor, name, value)
     if hasattr(inductor.cpp, "enable_concat_linear"):
         inductor.cpp.enable_concat_linear = True
+
+
+def _build_options(device_type: str, key: int):
+    """The compiler settings graph ``key`` is built under: the one-row graph of a CPU autotuned at level 2."""
+    import torch._inductor.config as inductor
+
+    tuned = device_type != "cuda" and key == 1 and tuning_level() >= 2
+    return inductor.patch(ONE_ROW_OPTIONS) if tuned else contextlib.nullcontext()
 
 
 def _compiled(device_type: str):
@@ -105,9 +115,8 @@ def _compiled(device_type: str):
         if device_type == "cuda":
             _COMPILED[device_type] = torch.compile(_forward, mode="reduce-overhead", dynamic=False)
         else:
-            level = tuning_level()
-            if level:
-                _configure_cpu(level)
+            if tuning_level():
+                _configure_cpu()
             _COMPILED[device_type] = torch.compile(_forward)
     return _COMPILED[device_type]
 
@@ -204,7 +213,7 @@ class CompiledForward:
         if key == 0:
             for tensor, dim in ((ids, 1), (positions, 1), (mask, 2), (slots, 0)):
                 torch._dynamo.mark_dynamic(tensor, dim, min=2, max=BUCKETS[-1])
-        with timer.paused("graph_compile"):
+        with timer.paused("graph_compile"), _build_options(self.device.type, key):
             self.cache.slots = slots
             for _ in range(3 if self.cuda_graphs else 1):  # CUDA graph trees record on a later call
                 self._step(ids, positions, mask)
