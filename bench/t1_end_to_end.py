@@ -10,11 +10,14 @@ sampled; their trees are compared with a fresh drafter's (PACER: the same one wi
 seeds. Then each wrong walk of specbench/engine/walk_controls.py runs through a method whose rule reaches
 it and must be caught. Writes a Markdown table and a CSV beside it, after every run.
 
-N per run: the time left (``--minutes``) shared evenly by the runs left, over the time of one draw measured
-on three draws first, capped at ``--draws`` (at least 50).
+N per run: ``--draws``, cut to what ``--run-minutes`` allows at the time of one draw (measured on three draws
+first), at least 50. A run with too few draws for any cell (0 degrees of freedom) is "no test", never a pass.
+The table accumulates across invocations: rows of runs not made this time are kept from the CSV beside
+``--out``, and each row names the CPU and the commit that made it, so the methods can be split over
+sessions (``--methods a,b``, ``--no-methods`` for the controls alone).
 
-Usage: python bench/t1_end_to_end.py [--methods sps,eagle3] [--draws 3000] [--minutes 30] [--tokens 3]
-       [--no-controls] [--out reports/t1_end_to_end_table.md]
+Usage: python bench/t1_end_to_end.py [--methods sps,eagle3 | --no-methods] [--draws 1500] [--run-minutes 10]
+       [--tokens 3] [--no-controls] [--out reports/t1_end_to_end_table.md]
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ B = TreeRule.RECURSIVE_REJECTION
 CONTROL_RUNS = [(None, "eagle3", B), ("unnormalised-residual", "sps", None), ("reused-uniform", "sps", None),
                 ("sibling-bias", "eagle3", B), ("unnormalised-residual", "eagle3", B)]
 COLUMNS = ["run", "rules", "draws", "mean accepted", "chi2", "dof", "p positions", "p joint", "p", "TV 90% power",
-           "TV 99% bound", "adapted", "verdict"]
+           "TV 99% bound", "adapted", "verdict", "cpu", "git", "tokens"]
 
 
 def adaptive(drafter: Drafter) -> bool:
@@ -68,29 +71,56 @@ def reference_for(name: str, drafter: Drafter, target: Target) -> Drafter:
     return fresh
 
 
-def row(label: str, result, adapted: str, verdict: str) -> list[str]:
+def row(label: str, result, adapted: str, verdict: str, env: dict, tokens: int) -> list[str]:
     rules = ", ".join(f"{k} {v}" for k, v in sorted(result.rules.items())) or "-"
     o = result.overall
     return [label, rules, str(result.draws), f"{result.mean_accepted:.2f}", f"{o.chi2:.1f}", str(o.dof),
             f"{o.p_value:.3g}", f"{result.joint.p_value:.3g}", f"{result.p_value:.3g}", f"{100 * result.tv90:.1f}%",
-            f"{100 * o.tv_bound:.1f}%", adapted, verdict]
+            f"{100 * o.tv_bound:.1f}%", adapted, verdict, env["hardware"], short_sha(env["git_sha"]), str(tokens)]
+
+
+def short_sha(sha: str) -> str:
+    return sha[:12] + ("-dirty" if sha.endswith("-dirty") else "")
+
+
+def verdict_of(result, control: bool) -> str:
+    """caught/MISSED for a control, pass/FAIL for a method; "no test" where no cell was expected often enough."""
+    if result.overall.dof == 0 and result.joint.dof == 0 and not result.impossible:
+        return "no test (too few draws)"
+    if control:
+        return "caught" if result.detected(ALPHA) else "MISSED"
+    return "FAIL" if result.detected(ALPHA) else "pass"
+
+
+def earlier_rows(out: Path) -> dict[tuple[str, str], list[str]]:
+    """(kind, run) -> row of the CSV beside ``out`` written by an earlier invocation (none if its columns differ)."""
+    path = out.with_suffix(".csv")
+    if not path.exists():
+        return {}
+    with path.open(newline="") as f:
+        lines = list(csv.reader(f))
+    if not lines or lines[0] != ["kind"] + COLUMNS:
+        print(f"{path}: columns of another version; its rows are not kept", file=sys.stderr)
+        return {}
+    return {(line[0], line[1]): line[1:] for line in lines[1:] if len(line) == len(COLUMNS) + 1}
 
 
 HEADER = """# T = 1 end to end: the engine's own committed tokens
 
 Target {target} (float32), temperature 1, prompt "{prompt}" (plain text, {prompt_tokens} tokens), the first
-{tokens} tokens of N generations per run (seeds 0 .. N - 1) through `loop.generate`; CPU: {cpu}; git {sha};
-{seconds:.0f} s. Command: `{command}`.
+*tokens* tokens of N generations per run (seeds 0 .. N - 1) through `loop.generate`. Rows accumulate over
+invocations of `python bench/t1_end_to_end.py` (each row names the CPU and the commit that made it; the last
+invocation: `{command}`, {seconds:.0f} s).
 
 Per run, each observed prefix's next-token counts against the target's law after it (plain causal forwards;
 cells: the 32 likeliest tokens, the tail in 8 equal-mass bins, cells expected under 5 times merged), summed
 over prefixes and positions (*chi2*, *dof*, *p positions*), and the first two tokens as pairs (*p joint*);
-*p*: the two, Bonferroni; verdict at p < {alpha:g}. *TV 90% power*: the mean TV per counted token that this
-many draws detect with 90% power (noncentral chi-square; TV <= sqrt(chi-square divergence) / 2); *TV 99%
-bound*: the 99% upper bound on it from the statistic. *rules*: the verify steps per rule. *adapted*: for
-drafters that adapt (learn while serving; PACER's growth), warmed up on {warmup} generations of
-{warmup_tokens} tokens and adapting while sampled, the first seeds on which their trees differ from a fresh
-drafter's (PACER: the same drafter without growth).
+*p*: the two, Bonferroni; verdict at p < {alpha:g} ("no test" where too few draws left any cell). *TV 90%
+power*: the mean TV per counted token that this many draws detect with 90% power (noncentral chi-square; TV <=
+sqrt(chi-square divergence) / 2); *TV 99% bound*: the 99% upper bound on it from the statistic. *rules*: the
+verify steps per rule. *adapted*: for drafters that adapt (learn while serving; PACER's growth), warmed up on
+{warmup} generations of {warmup_tokens} tokens and adapting while sampled, the first seeds on which their trees
+differ from a fresh drafter's (PACER: the same drafter without growth).
 
 The controls (specbench/engine/walk_controls.py) patch `verify` itself, so the engine commits a wrong walk;
 each runs through a method whose rule reaches it and must be caught.
@@ -121,24 +151,28 @@ def fail(message: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--methods", default="", help="comma-separated; default every registered method")
-    ap.add_argument("--draws", type=int, default=3000, help="most draws per run")
-    ap.add_argument("--minutes", type=float, default=30.0, help="time budget of the whole script")
+    ap.add_argument("--no-methods", action="store_true", help="the controls alone")
+    ap.add_argument("--draws", type=int, default=1500, help="most draws per run")
+    ap.add_argument("--run-minutes", type=float, default=10.0, help="time budget of each run's draws")
     ap.add_argument("--tokens", type=int, default=3, help="committed tokens per draw (K)")
     ap.add_argument("--no-controls", action="store_true")
     ap.add_argument("--out", default="reports/t1_end_to_end_table.md")
     args = ap.parse_args()
     registered = list(available_methods())
-    methods = [m for m in args.methods.split(",") if m] or registered
+    methods = [] if args.no_methods else [m for m in args.methods.split(",") if m] or registered
     unknown = [m for m in methods if m not in registered]
     if unknown:
         fail(f"unknown method {unknown[0]!r}; `specbench list methods` names them")
-    if args.draws < MIN_DRAWS or args.minutes <= 0 or not 2 <= args.tokens <= 8:
-        fail(f"--draws must be >= {MIN_DRAWS}, --minutes > 0 and --tokens in [2, 8]")
+    if args.draws < MIN_DRAWS or args.run_minutes <= 0 or not 2 <= args.tokens <= 8:
+        fail(f"--draws must be >= {MIN_DRAWS}, --run-minutes > 0 and --tokens in [2, 8]")
+    if args.no_methods and args.no_controls:
+        fail("--no-methods and --no-controls leave nothing to run")
     out = Path(args.out)
     if out.suffix != ".md":
         fail(f"--out {out} must end in .md (the CSV goes beside it)")
 
     start = time.perf_counter()
+    kept = earlier_rows(out)
     target = Target.load(DEFAULT_TARGET, "float32")
     env = environment_metadata(target.device)
     prompt = target.tokenizer(PROMPT).input_ids
@@ -146,9 +180,7 @@ def main() -> None:
     runs = [(None, m, None) for m in sorted(methods, key=lambda m: (m != VANILLA, m))]
     runs += [] if args.no_controls else CONTROL_RUNS
     command = "python bench/t1_end_to_end.py " + " ".join(sys.argv[1:])
-    method_rows: list[list[str]] = []
-    control_rows: list[list[str]] = []
-    for i, (control, name, rule) in enumerate(runs):
+    for control, name, rule in runs:
         label = name + (f" (rule {rule.value})" if rule else "")
         try:
             drafter = create_drafter(name)
@@ -161,8 +193,7 @@ def main() -> None:
             draw_sequences(target, None, prompt, WARMUP_TOKENS, WARMUP, T1, seed=10_000, drafter=drafter)
         probe = draw_sequences(target, None, prompt, args.tokens, 3, T1, seed=900_000, tree_rule=rule,
                                drafter=drafter)
-        left = args.minutes * 60 - (time.perf_counter() - start)
-        n = max(MIN_DRAWS, min(args.draws, int(left / (len(runs) - i) / (probe.seconds / 3) * 0.8)))
+        n = max(MIN_DRAWS, min(args.draws, int(args.run_minutes * 60 / (probe.seconds / 3))))
         print(f"{control or 'clean'} {label}: N = {n} ({probe.seconds / 3:.3f} s a draw)", flush=True)
         with CONTROLS[control]() if control else nullcontext():
             draws = draw_sequences(target, None, prompt, args.tokens, n, T1, tree_rule=rule, method=name,
@@ -173,18 +204,24 @@ def main() -> None:
             reference = draw_sequences(target, None, prompt, args.tokens, PROBES, T1,
                                        drafter=reference_for(name, drafter, target))
             adapted = f"{changed_trees(draws, reference)}/{PROBES} seeds"
-        if control:
-            verdict = "caught" if result.detected(ALPHA) else "MISSED"
-            control_rows.append(row(f"{control} ({label})", result, adapted, verdict))
-        else:
-            verdict = "FAIL" if result.detected(ALPHA) else "pass"
-            method_rows.append(row(label, result, adapted, verdict))
-        print(" | ".join((control_rows if control else method_rows)[-1]), f"{draws.seconds:.0f}s", flush=True)
-        header = HEADER.format(target=DEFAULT_TARGET, prompt=PROMPT, prompt_tokens=len(prompt), tokens=args.tokens,
-                               cpu=env["hardware"], sha=env["git_sha"], seconds=time.perf_counter() - start,
-                               command=command, alpha=ALPHA, warmup=WARMUP, warmup_tokens=WARMUP_TOKENS)
-        write(out, header, method_rows, control_rows)
+        run_label = f"{control} ({label})" if control else label
+        kind = "control" if control else "method"
+        kept[kind, run_label] = row(run_label, result, adapted, verdict_of(result, bool(control)), env, args.tokens)
+        print(" | ".join(kept[kind, run_label]), f"{draws.seconds:.0f}s", flush=True)
+        header = HEADER.format(target=DEFAULT_TARGET, prompt=PROMPT, prompt_tokens=len(prompt),
+                               seconds=time.perf_counter() - start, command=command, alpha=ALPHA, warmup=WARMUP,
+                               warmup_tokens=WARMUP_TOKENS)
+        write(out, header, ordered(kept, "method", registered), ordered(kept, "control", []))
     print(f"wrote {out} and {out.with_suffix('.csv')}")
+
+
+def ordered(rows: dict[tuple[str, str], list[str]], kind: str, names: list[str]) -> list[list[str]]:
+    """The rows of ``kind``: vanilla first, then by name (methods) or in the order the controls run."""
+    order = [f"{c} ({n}{f' (rule {r.value})' if r else ''})" for c, n, r in CONTROL_RUNS if c] if kind == "control" \
+        else sorted(names, key=lambda m: (m != VANILLA, m))
+    mine = {label: r for (k, label), r in rows.items() if k == kind}
+    return [mine[label] for label in order if label in mine] + [r for label, r in sorted(mine.items())
+                                                                  if label not in order]
 
 
 if __name__ == "__main__":
