@@ -11,7 +11,8 @@ nothing is padded: one graph for one row, one with a symbolic row count for 2 to
 A graph is built the first time it is needed (or after the cache grows), on dummy inputs that write only
 spare columns, inside ``PhaseTimer.paused("graph_compile")``: build time is reported on its own and never
 counted in a phase. The compiler's on-disk cache (under ``cache_dir()``) keeps compiled kernels and autotuning
-results for the next run (frozen CPU graphs themselves are rebuilt by every process). A recompile beyond the limit raises rather than falling back to eager.
+results for the next run (frozen CPU graphs themselves are rebuilt by every process). A recompile beyond the
+limit raises rather than falling back to eager.
 """
 
 from __future__ import annotations
