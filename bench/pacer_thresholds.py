@@ -19,7 +19,10 @@ from pathlib import Path
 
 import torch
 
-from methods.pacer.drafter import acceptance_logits, collate, keep_drafting, load_preverifier
+from methods.pacer.checkpoint import load_preverifier
+from methods.pacer.drafter import keep_drafting
+from methods.pacer.objective import acceptance_logits
+from methods.pacer.packing import collate
 from methods.pacer.trainer import PacerTrainOptions, replay_dataset
 from specbench.engine import DEFAULT_TARGET
 from specbench.training.fit import held_out_split, training_data

@@ -30,7 +30,6 @@ from rich.table import Table
 
 from specbench import commands
 from specbench.console import console, err
-from specbench.engine import VANILLA
 from specbench.errors import SpecbenchError
 from specbench.run.run_config import ParityConfig, PresetFlags, ReproduceConfig, RunConfig, SideFlags, parse_batch_sizes
 from specbench.training.cli import train_app
@@ -60,6 +59,7 @@ _PRESET_NAMES = {"out": "out_dir"}
 def _run(ctx=None, **flags) -> None:
     """Run METHOD (and every --also / --sweep side) on BENCH with the vanilla baseline interleaved
     prompt by prompt; print the summary table. BENCH may be a mixed stream: `mixed` or `a+b+c`."""
+    from specbench.run.plan import plan_run
     from specbench.run.runner import Runner, summary_table
     from specbench.sides import cli_sides, parse_opts
 
@@ -77,7 +77,7 @@ def _run(ctx=None, **flags) -> None:
     sizes = parse_batch_sizes(flags["batch_size"])
     cfg = RunConfig(**commands.values_for(RunConfig, flags, sides=sides, config_file=how.config,
                                           batch_sweep=sizes if len(sizes) > 1 else []))
-    runner = Runner(cfg, err)
+    runner = Runner(plan_run(cfg), err)
     records = runner.run()
     if not runner.world.main:
         return  # under torchrun rank 0 merges the parts and prints the summary
@@ -141,11 +141,12 @@ def merge(
 
 
 def _reproduce(cfg) -> None:
-    from specbench.run.preset import execute, format_plan, plan_for
+    from specbench.run.preset import execute, format_plan, plan_for, planned_runs
 
     plan = plan_for(cfg)
     console.print(format_plan(plan), markup=False, highlight=False, soft_wrap=True)
     if cfg.dry_run:
+        planned_runs(plan, here=False)  # what each run would refuse (a method option, a drafter, an output), now
         return
     if not plan.runs:
         raise SpecbenchError(f"preset {cfg.preset} has nothing to run for {cfg.target}: see the NOT RUN lines above")

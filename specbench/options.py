@@ -62,6 +62,22 @@ class _Same:
 SAME: Any = _Same()
 
 
+# Options several commands share, declared once (a command may change the default and add its own words):
+# the checks are lazy "module:function" references, so this module stays free of torch.
+DEVICE_HELP = "auto (cuda if available, else cpu), cpu, cuda or cuda:N."
+DATA_DIR_HELP = "Folder of benchmark JSONL files (else $SPECBENCH_DATA)."
+
+
+def device_option(default: str = "auto", help: str = DEVICE_HELP, **extra: Any) -> Any:
+    """``--device``: checked (and ``auto`` resolved) by ``engine.devices.resolve_device``."""
+    return option(default, help, check="specbench.engine.devices:resolve_device", **extra)
+
+
+def data_dir_option(help: str = DATA_DIR_HELP) -> Any:
+    """``--data-dir``: a folder of benchmark files, checked by ``data.benchmarks.check_data_dir_option``."""
+    return option(None, help, check="specbench.data.benchmarks:check_data_dir_option")
+
+
 def option(default: Any = _MISSING, help: str | None = None, *, ge: float | None = None,
            gt: float | None = None, le: float | None = None, lt: float | None = None, tokens: bool = False,
            note: str | None = None, min: float | None = None, positive: bool = False, fraction: bool = False,

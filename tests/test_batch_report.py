@@ -15,7 +15,7 @@ from specbench.analysis.cost_model import CHAIN, TREE, CostCurve, batch_kind
 from specbench.analysis.report import build_report, write_report
 from specbench.analysis.report.batch import crossover, fmt_crossover
 from specbench.cli import main
-from specbench.run.runner import sweep_out
+from specbench.run.plan import sweep_out
 from test_cli import base_args, read
 
 SIZES = (1, 2)

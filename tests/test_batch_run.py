@@ -12,7 +12,7 @@ import torch
 
 from bench_data import needs_data
 from specbench.run.run_config import RunConfig
-from specbench.run.runner import default_out
+from specbench.run.plan import default_out
 from specbench.sides import Side
 from test_cli import base_args, cli, read
 

@@ -8,7 +8,7 @@ import pytest
 
 from specbench.errors import SpecbenchError
 from specbench.run.run_config import RunConfig, parse_batch_sizes
-from specbench.run.runner import default_out, sweep_out
+from specbench.run.plan import default_out, sweep_out
 from specbench.sides import Side
 from test_cli import base_args, cli, read
 

@@ -6,7 +6,7 @@ import pytest
 
 from specbench.engine.registry import method_class, parse_options
 from specbench.errors import SpecbenchError
-from specbench.run.runner import RunConfig, run_sides, validate
+from specbench.run.plan import RunConfig, run_sides, validate
 from specbench.sides import Side, cli_sides
 from test_cli import cli, read
 
@@ -15,9 +15,9 @@ def test_budget_sets_each_methods_own_option_and_explicit_settings_win():
     cfg = RunConfig(sides=cli_sides("eagle3", {}, also=["specblock", "ddtree@budget=8", "medusa", "sps", "dflash",
                                                          "specblock-no-shift"]), bench="humaneval", budget=16)
     options = {s.label: s.options for s in run_sides(cfg)}
-    assert options == {"eagle3": {"total_tokens": "17"}, "specblock": {"budget": "16"},
-                       "ddtree@budget=8": {"budget": "8"}, "medusa": {"max_nodes": "16"}, "sps": {}, "dflash": {},
-                       "specblock-no-shift": {"budget": "16"}}
+    assert options == {"eagle3": {"total_tokens": 17}, "specblock": {"budget": 16},
+                       "ddtree@budget=8": {"budget": "8"}, "medusa": {"max_nodes": 16}, "sps": {}, "dflash": {},
+                       "specblock-no-shift": {"budget": 16}}
     assert parse_options(method_class("eagle3"), options["eagle3"]).total_tokens == 17  # root + 16 drafted
     assert parse_options(method_class("medusa"), options["medusa"]).max_nodes == 16
     assert cfg.identity()["budget"] == 16

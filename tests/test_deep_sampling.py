@@ -28,7 +28,8 @@ from methods.dvi import DVIDrafter, DVIOptions
 from methods.eagle3.drafter import Eagle3Drafter, Eagle3Model, Eagle3Options, eagle3_taps
 from methods.lookahead import LookaheadDrafter, LookaheadOptions
 from methods.medusa.drafter import MedusaDrafter, MedusaHeads, MedusaOptions
-from methods.pacer.drafter import PacerDrafter, PacerNoGrowthDrafter, PacerNoPosDrafter, PacerOptions, PreVerifier
+from methods.pacer.drafter import PacerDrafter, PacerNoGrowthDrafter, PacerNoPosDrafter, PacerOptions
+from methods.pacer.model import PreVerifier
 from methods.pld import PLDDrafter, PLDOptions
 from methods.specblock.drafter import SpecBlockDrafter, SpecBlockOptions
 from methods.specblock.adapt import AdaptOptions, OSDOptions, SpecBlockAdaptDrafter, SpecBlockOSDDrafter

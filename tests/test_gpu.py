@@ -37,7 +37,7 @@ def build(name: str):
     """(CPU target, drafter of method ``name`` built for it) with small untrained weights, as in the
     method's own CPU tests. A new registered method must be added here."""
     from methods.eagle3.drafter import Eagle3Model, Eagle3Options
-    from methods.pacer.drafter import PreVerifier
+    from methods.pacer.model import PreVerifier
     from methods.specblock.drafter import SpecBlockDrafter
     from methods.sps.drafter import SpSDrafter
     from methods.dvi import DVIDrafter

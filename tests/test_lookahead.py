@@ -81,7 +81,7 @@ def test_bad_options_are_one_line_errors(raw, needle):
 
 
 def test_budget_caps_the_step():
-    assert LookaheadDrafter.budget_options(64) == {"budget": "64"}
+    assert LookaheadDrafter.budget_options(64) == {"budget": 64}
     assert window_nodes(7, 5) == 27
 
 

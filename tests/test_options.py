@@ -160,7 +160,7 @@ def test_run_flags_take_help_default_and_spelling_from_the_field():
 
     from specbench.cli import app
     from specbench.engine import DEFAULT_TARGET
-    from specbench.run.runner import RunConfig
+    from specbench.run.run_config import RunConfig
     from specbench.run.run_config import PresetFlags, SideFlags
     from specbench.sides import Side
 

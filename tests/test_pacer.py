@@ -6,8 +6,9 @@ import random
 import pytest
 import torch
 
-from methods.pacer.drafter import (PacerDrafter, PacerNoGrowthDrafter, PacerOptions, PreVerifier, collate, keep_drafting,
-                           pack_example, packed_visibility, replay_steps, step_labels)
+from methods.pacer.drafter import PacerDrafter, PacerNoGrowthDrafter, PacerOptions, keep_drafting
+from methods.pacer.model import PreVerifier
+from methods.pacer.packing import collate, pack_example, packed_visibility, replay_steps, step_labels
 from methods.sps.confidence import SpSConfidenceDrafter, SpSConfidenceOptions, best_threshold, next_gamma
 from specbench.engine.vanilla import VanillaDrafter
 from specbench.engine.loop import GenerationConfig, generate
@@ -204,7 +205,7 @@ def test_bad_options_are_one_line_errors(tmp_path):
 
 def test_a_layer_trained_over_another_draft_is_refused(tmp_path):
     """The layer reads its draft's hidden states: loading it over a retrained draft is a one-line error."""
-    from methods.pacer.drafter import draft_fingerprint, load_preverifier, save_preverifier
+    from methods.pacer.checkpoint import draft_fingerprint, load_preverifier, save_preverifier
 
     target, draft, other = tiny_target(0), noisy_copy(0, 0.6), noisy_copy(0, 0.7)
     assert draft_fingerprint(draft) == draft_fingerprint(noisy_copy(0, 0.6).to(torch.bfloat16))
@@ -231,7 +232,7 @@ def test_a_layer_saved_in_bf16_is_half_the_file_and_scores_as_its_rounded_weight
     """`--bf16-weights` (the wide pair's layer): the file halves, and loading gives the bf16-rounded layer."""
     from safetensors.torch import load_file
 
-    from methods.pacer.drafter import load_preverifier, save_preverifier
+    from methods.pacer.checkpoint import load_preverifier, save_preverifier
 
     target, draft = tiny_target(0), noisy_copy(0, 0.6)
     torch.manual_seed(0)

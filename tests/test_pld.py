@@ -108,7 +108,7 @@ def test_bad_options_are_one_line_errors(raw):
 
 
 def test_budget_sets_gamma():
-    assert PLDDrafter.budget_options(7) == {"gamma": "7"}
+    assert PLDDrafter.budget_options(7) == {"gamma": 7}
 
 
 def brute_force(tokens, max_n, gamma, whole):

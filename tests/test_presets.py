@@ -14,7 +14,7 @@ from specbench.run.preset import build_plan, frame, select_prompts
 from specbench.data.benchmarks import Prompt
 from specbench.records import GenerationRecord
 from specbench.analysis.report import ResultFile, paper_metric_cells, paper_metric_table, render_markdown
-from specbench.run.runner import run_sides
+from specbench.run.plan import run_sides
 from bench_data import needs_data
 from test_cli import cli
 

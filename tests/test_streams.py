@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from specbench.errors import SpecbenchError
-from specbench.run.runner import RunConfig, run_sides
+from specbench.run.plan import RunConfig, run_sides
 from specbench.sides import Side, cli_sides, parse_spec, parse_sweep
 from specbench.data.streams import MIXED_PARTS, build_queries, load_stream_prompts
 from bench_data import needs_data

@@ -101,7 +101,7 @@ def test_bad_options_are_one_line_errors(raw, needle):
 
 
 def test_budget_sets_max_spec():
-    assert SuffixDrafter.budget_options(12) == {"max_spec": "12"}
+    assert SuffixDrafter.budget_options(12) == {"max_spec": 12}
     assert SuffixDrafter.learns  # its memory follows the stream: no warm-up, no --repeats
 
 

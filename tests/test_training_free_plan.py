@@ -11,7 +11,7 @@ import pytest
 from methods.suffix import arctic_available
 from specbench.analysis.orderings import load_claims, ordering_frame
 from specbench.engine.registry import method_class, parse_options
-from specbench.run.runner import RunConfig, run_sides
+from specbench.run.plan import RunConfig, run_sides
 from specbench.sides import cli_sides, parse_spec
 from test_orderings import header, rec, result_file
 

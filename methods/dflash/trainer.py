@@ -9,7 +9,6 @@ from typing import Optional
 import torch
 import typer
 
-from specbench.errors import SpecbenchError
 from specbench.training.checks import layer_numbers
 from specbench.training.plugin import MethodTrainer, TrainOptions, option
 
@@ -17,7 +16,7 @@ from specbench.training.plugin import MethodTrainer, TrainOptions, option
 @dataclass
 class DFlashTrainOptions(TrainOptions):
     layers: int = option(3, "Drafter decoder layers.", ge=1)
-    block_size: int = option(16, "Block L = bonus + L-1 drafted slots (the tree's maximum depth is L-1).", ge=1)
+    block_size: int = option(16, "Block L = bonus + L-1 drafted slots (the tree's maximum depth is L-1).", ge=2)
     target_layer_ids: str = option("", "Target layers tapped, comma-separated (default: evenly spaced, one per "
                                        "drafter layer).")
     mask_token_id: Optional[int] = option(None, "MASK id (default: the tokenizer's, else an unused added token).", ge=0)
@@ -37,10 +36,7 @@ class DFlashTrainer(MethodTrainer):
     Options = DFlashTrainOptions
 
     def check(self, o: DFlashTrainOptions) -> None:
-        layer_numbers(o.target_layer_ids, "--target-layer-ids")
-        if o.block_size < 2 or o.layers < 1 or o.anchors < 1:
-            raise SpecbenchError(f"dflash: need block size >= 2, layers >= 1, anchors >= 1 (got {o.block_size}, "
-                                 f"{o.layers}, {o.anchors})")
+        layer_numbers(o.target_layer_ids, "--target-layer-ids")  # block size, layers and anchors: their ranges
 
     def train(self, o: DFlashTrainOptions) -> dict:
         from methods.dflash.drafter import DFlashModel, choose_mask_token, decay_gamma

@@ -1,2 +1,4 @@
-"""PACER: ``drafter`` (the pre-verification layer, its packing and loss, the registered drafters),
-``trainer`` (`specbench train pacer`) and ``report`` (the draft-length histogram table)."""
+"""PACER: ``drafter`` (the registered drafters: SpS whose chain the pre-verification layer stops), ``model``
+(the pre-verification layer), ``checkpoint`` (its save and load), ``packing`` (training sequences and batches),
+``objective`` (its loss, accuracy and AUC), ``trainer`` (`specbench train pacer`) and ``report`` (the
+draft-length histogram table)."""

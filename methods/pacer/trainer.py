@@ -12,7 +12,10 @@ from pathlib import Path
 
 import torch
 
-from methods.pacer.drafter import PreVerifier, collate, draft_fingerprint, pack_example, pacer_loss, save_preverifier
+from methods.pacer.checkpoint import draft_fingerprint, save_preverifier
+from methods.pacer.model import PreVerifier
+from methods.pacer.objective import pacer_loss
+from methods.pacer.packing import collate, pack_example
 from specbench.engine.target import Target
 from specbench.training.learning_curve import curve_section
 from specbench.training.model_card import schedule_length

@@ -6,7 +6,7 @@ paper's Table 2 base-architecture ablations)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Literal, Optional
 
 import typer
 
@@ -34,7 +34,7 @@ class SpecBlockTrainOptions(TrainOptions):
     block_size: int = option(4, "K: dependent slots per drafter forward.", ge=1)
     layers: int = option(2, "Drafter decoder layers (the target's layer shapes).", ge=1)
     rank_hidden: int = option(256, "Width of the rank head's MLP.", ge=1)
-    bonus_row: str = option(
+    bonus_row: Literal["once", "duplicate"] = option(
         "once", "Block 1's reading of the last committed pair: once = each pair's own row group (ours, the "
                 "paper's); duplicate = a copy one position later that also sees its pair's row group (the "
                 "authors' inference code). Recorded in the checkpoint; the drafter runs it by default.")
@@ -44,7 +44,7 @@ class SpecBlockTrainOptions(TrainOptions):
                                     ge=0)
     cross_fraction: float = option(0.25, "Share of positions that also train a block-2 continuation.", ge=0, lt=1)
     decay: float = option(1.0, "Slot loss weight decay^k (paper 1.0).", gt=0)
-    normalise: str = option("block", "slot: eq. 6's 1/N_k per slot (needs large batches); block: 1/N_0.")
+    normalise: Literal["slot", "block"] = option("block", "slot: eq. 6's 1/N_k per slot (needs large batches); block: 1/N_0.")
     epochs: int = option(3)
     lr: float = option(1e-3, "Paper 5e-5 over 20 epochs of ~500k conversations; scaled up for a CPU budget.")
     batch_size: int = option(8)
@@ -58,10 +58,6 @@ class SpecBlockTrainer(MethodTrainer):
     Options = SpecBlockTrainOptions
 
     def check(self, o: SpecBlockTrainOptions) -> None:
-        if o.normalise not in ("slot", "block"):
-            raise SpecbenchError(f"--normalise must be 'slot' or 'block' (got {o.normalise!r})")
-        if o.bonus_row not in ("once", "duplicate"):
-            raise SpecbenchError(f"--bonus-row must be 'once' or 'duplicate' (got {o.bonus_row!r})")
         known = variants()
         if o.variant not in known:
             raise SpecbenchError(f"unknown SpecBlock variant {o.variant!r}; choose from {', '.join(known)}")

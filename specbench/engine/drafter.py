@@ -97,11 +97,12 @@ class Drafter:
     budget_counts_root: ClassVar[bool] = False
 
     @classmethod
-    def budget_options(cls, budget: int) -> dict[str, str]:
-        """The options that give this method a budget of ``budget`` drafted nodes per verify ({}: none)."""
+    def budget_options(cls, budget: int) -> dict[str, int]:
+        """The options that give this method a budget of ``budget`` drafted nodes per verify ({}: none), as
+        typed values (``--budget`` is parsed once, by the run's declaration)."""
         if cls.budget_option is None:
             return {}
-        return {cls.budget_option: str(budget + 1 if cls.budget_counts_root else budget)}
+        return {cls.budget_option: budget + 1 if cls.budget_counts_root else budget}
 
     @classmethod
     def report_names(cls) -> dict:

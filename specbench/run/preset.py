@@ -29,7 +29,8 @@ from specbench.data.preset_files import load_preset
 from specbench.engine.registry import available_methods, method_class
 from specbench.errors import SpecbenchError
 from specbench.run.run_config import ReproduceConfig
-from specbench.run.runner import BASELINE, RunConfig
+from specbench.engine import VANILLA as BASELINE
+from specbench.run.run_config import RunConfig
 from specbench.run.store import has_records
 from specbench.sides import Side
 
@@ -74,7 +75,7 @@ class SidePlan:
 
 
 @dataclass
-class RunPlan:
+class PresetRun:
     cfg: RunConfig
     bench: str
     temperature: float
@@ -89,7 +90,7 @@ class Plan:
     benches: list[BenchPlan]
     sides: list[SidePlan]
     skipped: list[tuple[str, str]]  # (method label, why it does not run, with how to get its drafter)
-    runs: list[RunPlan]
+    runs: list[PresetRun]
     max_new_tokens: int
     temperatures: list[float]
     notes: list[str]
@@ -292,7 +293,7 @@ def build_plan(name: str, target: str, *, limit: int | None = None, out_dir: str
         else:
             notes.append(f"{field_name}={value} is part of the protocol but this specbench cannot pass it yet")
     out = Path(out_dir)
-    runs: list[RunPlan] = []
+    runs: list[PresetRun] = []
     target_name = Path(target.rstrip("/")).name
     all_sides: list[SidePlan] = []
     for bench in benches:
@@ -307,7 +308,7 @@ def build_plan(name: str, target: str, *, limit: int | None = None, out_dir: str
             stem = f"{name}_{bench.bench}_{target_name}_T{temp:g}"
             if sides:
                 cfg = RunConfig(sides=[s.side for s in sides], out=str(out / f"{stem}.jsonl"), **common)
-                runs.append(RunPlan(cfg, bench.bench, temp, sides))
+                runs.append(PresetRun(cfg, bench.bench, temp, sides))
             for attn in preset.get("baseline_attn") or []:
                 if attn == "sdpa" and sides:
                     continue  # the run above already holds the SDPA vanilla side
@@ -326,11 +327,11 @@ def build_plan(name: str, target: str, *, limit: int | None = None, out_dir: str
                 if also_here:
                     cfg = RunConfig(sides=[s.side for s in also_here], attn_implementation=attn,
                                     out=str(out / f"{stem}_{attn}.jsonl"), **common)
-                    runs.append(RunPlan(cfg, bench.bench, temp, also_here))
+                    runs.append(PresetRun(cfg, bench.bench, temp, also_here))
                     continue
                 cfg = RunConfig(sides=[Side(BASELINE)], baseline="none", attn_implementation=attn,
                                 out=str(out / f"{stem}_vanilla-{attn}.jsonl"), **common)
-                runs.append(RunPlan(cfg, bench.bench, temp, [SidePlan(Side(BASELINE), "")]))
+                runs.append(PresetRun(cfg, bench.bench, temp, [SidePlan(Side(BASELINE), "")]))
     if resume:  # each run resumes its own file where it has one; a run not begun yet starts
         for run in runs:
             run.cfg.resume = has_records(Path(run.cfg.out))
@@ -346,7 +347,7 @@ def _fmt_options(options: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in options.items()) or "(defaults)"
 
 
-def estimated_forwards(plan: Plan, run: RunPlan) -> list[tuple[str, str, int, float | None]]:
+def estimated_forwards(plan: Plan, run: PresetRun) -> list[tuple[str, str, int, float | None]]:
     """(side's stem, side's label, upper bound on decode target forwards, expected with the paper's tau or None)
     per side.
     Upper bound: every turn runs to max_new_tokens and each forward commits one token (tau = 1)."""
@@ -448,13 +449,22 @@ def format_plan(plan: Plan) -> str:
 
 # ------------------------------------------------------------------------------------------- running
 
+def planned_runs(plan: Plan, here: bool = True) -> list:
+    """Each run planned as `specbench run` plans it (``plan.plan_run``: every method option parsed, every
+    refusal made), all before the first one starts; `--dry-run` calls it with ``here=False`` (the device and
+    attention are the machine's business that runs it)."""
+    from specbench.run.plan import plan_run
+
+    return [plan_run(run.cfg, here) for run in plan.runs]
+
+
 def execute(plan: Plan, console) -> list[Path]:
     """Run every planned config as an ordinary `specbench run`; returns the results files."""
     from specbench.run.runner import Runner, summary_table
 
     outs = []
-    for run in plan.runs:
-        runner = Runner(run.cfg, console)
+    for run, planned in zip(plan.runs, planned_runs(plan)):
+        runner = Runner(planned, console)
         records = runner.run()
         console.print(summary_table(records, run.temperature))
         outs.append(runner.store.path)

@@ -23,7 +23,7 @@ from typing import Any, Literal, Optional
 
 from specbench import commands
 from specbench.engine import DEFAULT_TARGET, MAX_BATCH, VANILLA as BASELINE
-from specbench.options import internal, option, validate as validate_options
+from specbench.options import data_dir_option, device_option, internal, option, validate as validate_options
 from specbench.errors import SpecbenchError
 from specbench.sides import Side, recorded_sides
 
@@ -31,8 +31,6 @@ MAX_PASSES = 1000  # a stream is materialised in memory; more passes than this i
 # The checks that need more than the declaration (torch, the prompt loaders) are "module:function" references,
 # imported when a value is checked (specbench.options).
 DTYPE = "specbench.engine.target:check_dtype"
-DEVICE = "specbench.engine.devices:resolve_device"
-DATA_FOLDER = "specbench.data.benchmarks:check_data_dir_option"
 
 
 def _template_kwargs(items: list[str]) -> dict:
@@ -100,8 +98,7 @@ class RunConfig:
     overwrite: bool = option(False, "Replace an existing results file.")
     dtype: str = option("bfloat16", "auto (bfloat16 on CUDA and bf16-capable CPUs, else float32), "
                         "float32 for exactness checks, bfloat16 for speed.", cli_default="auto", check=DTYPE)
-    device: str = option("cpu", "auto (cuda if available, else cpu), cpu, cuda or cuda:N.", cli_default="auto",
-                         check=DEVICE)
+    device: str = device_option("cpu", cli_default="auto")
     # accelerate's placement strategies: "auto" spreads the target over the visible GPUs
     device_map: Optional[Literal["auto", "balanced", "balanced_low_0", "sequential"]] = option(
         None, "auto: spread a target larger than one GPU over the visible GPUs with accelerate (one process; on CPU "
@@ -111,8 +108,7 @@ class RunConfig:
     engine: Literal["eager", "compiled"] = option("eager", "eager (the model as transformers runs it, a growing KV "
                                                   "cache) or compiled (a static KV cache and a few "
                                                   "torch.compile'd graphs; CUDA graphs on a GPU).")
-    data_dir: Optional[str] = option(None, "Folder of benchmark JSONL files (else $SPECBENCH_DATA).",
-                                     check=DATA_FOLDER)
+    data_dir: Optional[str] = data_dir_option()
     system_prompt: Optional[str] = option(None, "System prompt for the chat template.")
     on_long_prompt: Literal["skip", "fail"] = option("skip", "skip (with a warning) or fail on prompts past the "
                                                              "context.")
@@ -299,7 +295,7 @@ class ReproduceConfig:
     dry_run: bool = option(False, "Print the full plan (benches, counts, methods, drafters, forwards); load no model.")
     out_dir: Optional[str] = option(None, "Folder for results files (default results/<preset>).",
                                     cli_type=Optional[Path], convert=commands.path_text)
-    device: str = option("auto", "auto (cuda if available, else cpu), cpu, cuda or cuda:N.", check=DEVICE)
+    device: str = device_option()
     dtype: Optional[str] = option(None, "Override the preset's dtype.", check=DTYPE)
     engine: Literal["eager", "compiled"] = option("eager", "eager or compiled (as for `specbench run`).")
     max_new_tokens: Optional[int] = option(None, "Override (or supply, where the paper states none) max new tokens.",
@@ -311,8 +307,7 @@ class ReproduceConfig:
                            choices=_method_names, check=check_drafters,
                            note="not a registered method; see `specbench list methods`")
     target_revision: Optional[str] = option(None, "Target revision (commit, tag or branch).")
-    data_dir: Optional[str] = option(None, "Folder of benchmark JSONL files (else $SPECBENCH_DATA).",
-                                     check=DATA_FOLDER)
+    data_dir: Optional[str] = data_dir_option()
     resume: bool = option(False, "Continue interrupted results files.", excludes="overwrite")
     overwrite: bool = option(False, "Replace existing results files.")
 
@@ -331,11 +326,11 @@ class ParityConfig:
     max_new_tokens: int = option(128, "New tokens per prompt (cut at EOS).", ge=2, tokens=True,
                                  note="the first token comes from the prefill, decoding starts at the second")
     target: str = option(DEFAULT_TARGET, "Target (as for `specbench run`).")
-    device: str = option("cpu", "cpu, cuda or cuda:N (cuda writes under results/gpu/).", check=DEVICE)
+    device: str = device_option("cpu", "cpu, cuda or cuda:N (cuda writes under results/gpu/).")
     dtype: str = option("float32", "float32 (exact text) or bfloat16.", check=DTYPE)
     options: dict = option({}, "Method option key=value, given to both sides (repeatable).", flag="--opt",
                            cli_default=[], cli_type=list[str], convert=_method_options)
-    data_dir: Optional[str] = option(None, "Folder of benchmark JSONL files (else $SPECBENCH_DATA).", check=DATA_FOLDER)
+    data_dir: Optional[str] = data_dir_option()
     out: Optional[str] = option(None, "Parity file (default results/[gpu/]parity/<method>_<bench>_<target>.jsonl).",
                                 cli_type=Optional[Path], convert=commands.path_text)
     # a snapshot of the authors' repository (references that import one)

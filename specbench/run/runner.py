@@ -23,7 +23,6 @@ import itertools
 import warnings
 import zlib
 from collections import deque
-from dataclasses import asdict, replace
 from pathlib import Path
 
 from rich.console import Console
@@ -36,15 +35,13 @@ from specbench import divergence, metrics
 
 from specbench.engine import hub, interrupt
 from specbench.data.benchmarks import Prompt
-from specbench.engine.devices import choose_dtype, resolve_device
 from specbench.engine.drafter import Drafter
-from specbench.engine.registry import method_class, parse_options
+from specbench.engine.registry import method_class
 from specbench.engine.forced import forced_check
 from specbench.engine.loop import GenerationConfig, generate, generate_turns
 from specbench.engine.compiled_forward import tuning_level
 from specbench.engine.batch_loop import BatchConfig, BatchRequest, generate_batch, generate_conversations
 from specbench.errors import SpecbenchError
-from specbench.data.benchmarks import HEADER_KEY, category_header
 from specbench.options import check_context
 from specbench.data.part_files import find_parts, part_path
 from specbench.run.merge import merge_into, read_run
@@ -52,30 +49,16 @@ from specbench.engine.prompts import ChatFormat, render_chat
 from specbench.engine.rescore import Rescorer
 from specbench.records import GenerationRecord
 from specbench.data.results import environment_metadata
-from specbench.data.safe_files import check_output
-from specbench.run.store import RunStore, check_resumable, config_hash
-from specbench.run.run_config import RunConfig, validate  # noqa: F401  (also imported from here)
-from specbench.data.streams import Query, build_queries, load_stream_prompts, stream_name
-from specbench.engine.target import Target, check_attention
+from specbench.run.store import RunStore
+from specbench.run.run_config import RunConfig
+from specbench.run.plan import PlannedSide, RunPlan
+from specbench.data.streams import Query
+from specbench.engine.target import Target
 from specbench.engine import VANILLA as BASELINE
 from specbench.engine.verify import SamplingParams
-from specbench.sides import Side
 
 TREE_SLACK = 128  # room for a draft tree past max_new_tokens when checking the context window
 CONTINUOUS_CHUNK = 4  # --continuous: batches per chunk of the stream, so a chunk's draining tail is a small part of it
-
-
-def run_sides(cfg: RunConfig) -> list[Side]:
-    """Every side of the run, in order, without the baseline, with ``--budget`` laid under each side's own
-    options (a side's own setting of its budget option wins); two sides may not share a label."""
-    sides = list(cfg.sides)
-    if cfg.budget is not None:
-        sides = [replace(s, options={**method_class(s.method).budget_options(cfg.budget), **s.options}) for s in sides]
-    labels = [s.label for s in sides] + ([BASELINE] if cfg.baseline == BASELINE else [])
-    dupes = sorted({label for label in labels if labels.count(label) > 1})
-    if dupes and not (len(sides) == 1 and sides[0].method == BASELINE):
-        raise SpecbenchError(f"two sides share the label {dupes[0]!r}; give --label or drop the duplicate --also")
-    return sides
 
 
 def weights_metadata(target: Target, sides: list[tuple[str, Drafter]]) -> dict:
@@ -94,122 +77,42 @@ def drafter_recipes(weights: dict) -> dict:
             if (recipes := drafter_paths.folder_recipes(sources))}
 
 
-def default_out(cfg: RunConfig) -> Path:
-    target = Path(cfg.target).name.replace(".gguf", "")
-    main = cfg.sides[0]
-    label = main.stem + (f"@{'-'.join(main.shown)}-sweep" if main.shown else "")  # the main side's sweep
-    passes = f"_x{cfg.passes}" if cfg.passes > 1 else ""
-    batch = f"_B{cfg.batch_size}{'c' if cfg.continuous else ''}" if cfg.loop == "batched" else ""
-    return Path("results") / f"{label}_{stream_name(cfg.bench)}{passes}{batch}_{target}_T{cfg.temperature:g}.jsonl"
-
-
-def sweep_out(out: Path, size: int) -> Path:
-    """A batch sweep's file for one B beside --out: sweep.jsonl -> sweep_B4.jsonl."""
-    return out.with_name(f"{out.stem}_B{size}{out.suffix}")
-
-
-def check_label_path(out: Path, label: str) -> None:
-    """--label names the default results file: it must stay inside results/."""
-    root = Path("results").resolve()
-    if not out.resolve().is_relative_to(root) or "\x00" in label:
-        raise SpecbenchError(f"--label {label!r} would put the results file outside results/ ({out}); use a label "
-                             "without '..' or '/', or pass --out")
-
-
-def run_inputs(cfg: RunConfig, sides: list[Side]) -> tuple:
-    """(option, path) of every file the run reads that could be named as its output by mistake."""
-    found = [("--bench", cfg.bench if cfg.prompts is None else None), ("--target", cfg.target),
-             ("--config", cfg.config_file)]
-    found += [(f"--opt {k}", v) for side in sides for k, v in side.options.items() if isinstance(v, str)]
-    return tuple((option, path) for option, path in found if path)
-
-
 def record_seed(seed: int, prompt_id: str, turn: int) -> int:
     """A per-turn seed, so each record is reproducible on its own (resumed runs included)."""
     return (seed * 1_000_003 + zlib.crc32(f"{prompt_id}#{turn}".encode())) % (2**31)
 
 
 class Runner:
-    def __init__(self, cfg: RunConfig, console: Console | None = None) -> None:
-        validate(cfg)
+    def __init__(self, plan: RunPlan, console: Console | None = None) -> None:
+        """Opens every results file of ``plan`` (``plan.plan_run``: every parse and refusal is done there),
+        then loads the target and the sides' drafters."""
         self.load_start = machine_load.load_average()  # before anything of ours loads
-        # auto device/dtype are resolved (and bad devices refused) before anything loads; the
-        # records name the resolved values.
-        device = resolve_device(cfg.device)
-        dtype, self.dtype_reason = choose_dtype(cfg.dtype, device)
-        cfg = replace(cfg, device=device, dtype=dtype)
-        check_attention(cfg.attn_implementation, device)
-        self.cfg = cfg
+        cfg = self.cfg = plan.cfg
+        self.dtype_reason = plan.dtype_reason
         self.console = console or Console(stderr=True)
-        # Parse every side's options before loading anything, so a typo fails in a second.
-        specs = run_sides(cfg)
-        parsed = [(spec, method_class(spec.method)) for spec in specs]
-        parsed = [(spec, cls, parse_options(cls, spec.options)) for spec, cls in parsed]
-        for _, cls, opts in parsed:  # paths exist / hub ids are well formed; downloads happen at load
-            cls.check_references(opts)
-        learners = [spec.label for spec, cls, _ in parsed if cls.learns]
-        if cfg.repeats > 1 and learners:
-            raise SpecbenchError(f"--repeats {cfg.repeats} would feed every query {cfg.repeats} times to "
-                                 f"{', '.join(learners)}, which learn while serving; time them with --repeats 1")
-        if cfg.loop == "batched":  # per instance: its options may decide (SpS's heuristic schedule, DVI's learn=false)
-            for spec, cls, opts in parsed:
-                reason = cls(opts).batch_refusal()
-                if reason:
-                    raise SpecbenchError(f"{spec.label} {reason}")
-        prompts = cfg.prompts if cfg.prompts is not None else load_stream_prompts(
-            cfg.bench, cfg.data_dir, limit=cfg.limit, sample=cfg.sample, seed=cfg.seed, category=cfg.category)
         self.world = distributed.init(cfg.device)
-        if self.world.active and cfg.device_map:
-            raise SpecbenchError("--device-map spreads one target over every visible GPU; run it as one process, "
-                                 "not under torchrun")
-        if self.world.active and cfg.loop == "batched":
-            raise SpecbenchError("--batch-size decodes a batch in one process; run it without torchrun")
-        self.stream_prompts = prompts  # every rank's: what --on-long-prompt skip checks before a turn runs
-        stream = build_queries(prompts, cfg.passes)
-        self.queries: list[Query] = distributed.shard(stream, self.world)
-        self.bench = prompts[0].bench if prompts else stream_name(cfg.bench)
-        with_baseline = cfg.with_baseline
-        # A sweep writes one file per B (sweep_out), each with its own identity; the header names the loop that ran.
-        self.batch_sizes: list[int] = list(cfg.batch_sweep) or [cfg.batch_size]
-        shared = {**({"preset": cfg.preset} if cfg.preset else {}), "loop": cfg.loop,
-                  **({"batch_sweep": list(cfg.batch_sweep)} if cfg.batch_sweep else {}),
-                  "method_options": {spec.label: asdict(opts) for spec, _, opts in parsed},
-                  "stream": [q.prompt.id for q in stream],
-                  "stream_turns": [len(q.prompt.turns) for q in stream],
-                  HEADER_KEY: category_header(q.prompt for q in stream),  # where each prompt's category came from
-                  "sides": [spec.label for spec, _, _ in parsed] + ([BASELINE] if with_baseline else []),
-                  "methods": {spec.label: cls.report_names() for spec, cls, _ in parsed}
-                  | ({BASELINE: method_class(BASELINE).report_names()} if with_baseline else {}),
-                  "world_size": self.world.size}
-        if cfg.loop == "batched":  # per side: one drafter forward for the whole batch (true) or one per request
-            shared["batched_drafting"] = {spec.label: bool(cls(opts).batched_drafting) for spec, cls, opts in parsed} \
-                | ({BASELINE: False} if with_baseline else {})
-        self.outs: dict[int, Path] = {}
+        self.stream_prompts = plan.prompts  # every rank's: what --on-long-prompt skip checks before a turn runs
+        self.queries: list[Query] = distributed.shard(plan.stream, self.world)
+        self.bench = plan.bench
+        self.batch_sizes = plan.batch_sizes
+        self.outs = plan.outs
+        self.inputs = plan.inputs
         self.stores: dict[int, RunStore] = {}
-        self.inputs = run_inputs(cfg, specs)
-        for size in self.batch_sizes:
-            out = Path(cfg.out) if cfg.out else default_out(cfg.at_batch(size))
-            self.outs[size] = sweep_out(out, size) if cfg.out and cfg.batch_sweep else out
-            if cfg.out is None:
-                check_label_path(self.outs[size], cfg.method_label)
-            check_output(self.outs[size], self.inputs)  # what the file is, before whether it can be resumed
-        if cfg.resume:
-            check_resumable(list(self.outs.values()), parts=self.world.active)
         try:  # a model that fails to load (or a file that cannot be opened) leaves no results file behind
             for size in self.batch_sizes:
-                at = cfg.at_batch(size)
+                meta = plan.meta(size)
+                identity = cfg.at_batch(size).identity()
                 self.out = self.outs[size]
-                meta = {**at.identity(), **shared, "config_hash": config_hash(at.identity())}
                 if self.world.active:
-                    self.store = self._open_part(meta, at.identity())
+                    self.store = self._open_part(meta, identity)
                 else:
                     self.store = RunStore(self.out, meta, resume=cfg.resume, overwrite=cfg.overwrite,
-                                          inputs=self.inputs, identity=at.identity())
+                                          inputs=self.inputs, identity=identity)
                 self.stores[size] = self.store
             self._at(self.batch_sizes[0])
             # a signal during a load stops it at once (nothing to keep yet)
             with distributed.main_first(), interrupt.abortable():  # rank 0 fills any model cache first
-                self._load(cfg, parsed, with_baseline)
+                self._load(cfg, plan.sides, cfg.with_baseline)
         except BaseException:
             for store in self.stores.values():
                 store.abandon()
@@ -220,7 +123,7 @@ class Runner:
         # T = 0 with a vanilla side: each method turn is compared with vanilla's (divergence.py); a method turn
         # that ran before its vanilla twin waits here, unwritten, until the twin exists (lost on an interrupt,
         # so a resume reruns it).
-        self.explain = with_baseline and self.sampling.greedy
+        self.explain = cfg.with_baseline and self.sampling.greedy
         # bf16/fp16: each new flip is re-scored by the exact rule (an fp32 copy of the target made at the first one)
         self.rescorer = Rescorer(self.target) if self.explain and divergence.exact_rule_applies(self.target.dtype) \
             else None
@@ -274,7 +177,7 @@ class Runner:
         self.skipped = list(dict.fromkeys(o["prompt_id"] for o in merged.lines if o["type"] == "skip"))
         return [GenerationRecord.from_dict(o) for o in merged.lines if o["type"] == "record"]
 
-    def _load(self, cfg: RunConfig, parsed: list, with_baseline: bool) -> None:
+    def _load(self, cfg: RunConfig, sides: list[PlannedSide], with_baseline: bool) -> None:
         """Target, prompt format and every side's drafter; then the header (with their shas)."""
         self.target = Target.load(cfg.target, cfg.dtype, distributed.rank_device(cfg.device, self.world),
                                   cfg.attn_implementation, cfg.target_revision, device_map=cfg.device_map,
@@ -282,16 +185,16 @@ class Runner:
         if cfg.max_new_tokens + 1 > self.target.max_context:  # no prompt, however short, could be answered
             raise SpecbenchError(f"--max-new-tokens {cfg.max_new_tokens} does not fit the target's context of "
                                  f"{self.target.max_context} tokens with any prompt; pass a smaller --max-new-tokens")
-        for spec, _, opts in parsed:  # chain lengths and tree budgets against the context, before any weights load
-            check_context(opts, spec.label, self.target.max_context, cfg.max_new_tokens)
+        for side in sides:  # chain lengths and tree budgets against the context, before any weights load
+            check_context(side.options, side.label, self.target.max_context, cfg.max_new_tokens)
         self.target.chat = ChatFormat(cfg.chat_template, cfg.chat_template_kwargs).resolve(
             self.target.tokenizer, self.target.name).check(self.target.tokenizer, cfg.system_prompt) \
             if self.target.tokenizer is not None else None
         self.sides: list[tuple[str, Drafter]] = []
-        for spec, cls, opts in parsed:
-            drafter = cls(opts)
+        for side in sides:
+            drafter = side.cls(side.options)
             drafter.setup(self.target)
-            self.sides.append((spec.label, drafter))
+            self.sides.append((side.label, drafter))
         if with_baseline:
             baseline = method_class(BASELINE)()
             baseline.setup(self.target)

@@ -22,10 +22,10 @@ import importlib
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Optional
+from typing import ClassVar, Optional
 
 from specbench.engine import DEFAULT_TARGET
-from specbench.options import option
+from specbench.options import device_option, option
 
 __all__ = ["MethodTrainer", "TrainOptions", "option", "option_fields", "registered_trainers", "trainer_of"]
 
@@ -55,7 +55,7 @@ class TrainOptions:
                                    "the drafter trains under autocast (its weights and optimizer state stay fp32); "
                                    "several times faster on CPUs with native bf16 and on GPUs, several times slower "
                                    "on CPUs without it; auto picks bfloat16 where it is native, else float32.")
-    device: str = option("auto", "auto (cuda if available, else cpu), cpu, cuda or cuda:N.")
+    device: str = device_option()
 
 
 class MethodTrainer:

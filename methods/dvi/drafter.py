@@ -30,171 +30,23 @@ prompts of a run (the runner keeps one drafter instance per side).
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from typing import Literal
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
+from methods.dvi.head import HEAD_FILE, DraftHead
+from methods.dvi.objectives import kl_to, reinforce, reward_masked_ce, schedule
+from methods.dvi.options import DVICEOptions, DVIKLOptions, DVIOptions, DVIPGOptions
+from methods.dvi.replay import ReplayBuffer, cat_rows
 from specbench.engine.drafter import DecodeState, Drafter, VerifyResult
 from specbench.errors import SpecbenchError
-from specbench.options import option
 from specbench.engine.split_verify import check_split
 from specbench.engine.target import Target, TargetOutput
 from specbench.engine.tree import DraftTree, SiblingKind
 from specbench.engine.verify import draw, logits_to_probs
 
-HEAD_FILE = "dvi_head.safetensors"
-Objective = Literal["kl-rl", "kl", "pg", "ce"]
 
-
-@dataclass
-class DVIOptions:
-    # Paper: 2 of 32. SmolLM2: acceptance is flat over 2..8, cost is not.
-    layer: int = option(2, "Layers [0, layer) draft; the rest verify.", ge=1)
-    k: int = option(4, "Drafts per verify call.", ge=1, tokens=True)
-    learn: bool = option(True, "false = frozen head (a no-learning baseline).")
-    objective: Objective = option("kl-rl", "kl-rl: KL then RL (DVI); kl, pg, ce: the paper's single-objective "
-                                           "ablations (distillation, REINFORCE, reward-masked CE).")
-    lr: float = option(5e-4, "AdamW learning rate of the LoRA head.", ge=0)
-    weight_decay: float = option(0.01, "AdamW weight decay.", ge=0)
-    rank: int = option(8, "LoRA rank.", ge=1)
-    alpha: float = option(16.0, "LoRA alpha (scale alpha / rank).", ge=0)
-    dropout: float = option(0.05, "LoRA dropout.", ge=0, lt=1)
-    buffer: int = option(2048, "Replay buffer capacity (tuples).", ge=1)
-    batch: int = option(32, "Minibatch per improve step.", ge=1)
-    update_every: int = option(1, "Verify calls per improve step (1 = one step per rollout).", ge=1)
-    warmup: int = option(40, "KL-only steps.", ge=0)
-    ramp: int = option(80, "Steps from KL to RL.", ge=0)
-    kl_min: float = option(0.05, "KL weight after the ramp.", ge=0)
-    ce_weight: float = option(0.1, "Cross-entropy weight.", ge=0)
-    beta_start: float = option(0.5, "KL weight inside the on-policy term, at the start of the ramp.", ge=0)
-    beta_end: float = option(0.05, "KL weight inside the on-policy term, after the ramp.", ge=0)
-    baseline_ema: float = option(0.9, "Decay of the reward baseline's moving average.", ge=0, le=1)
-    clip: float = option(1.0, "Gradient-norm clip.", ge=0)
-    head: str = option("", "Folder with a saved head (warm start); empty = fresh LoRA (B = 0: the plain early exit).")
-    seed: int = option(0, "Seed of the LoRA init, its dropout and the replay sampling.", ge=0)
-
-
-# ---- schedule and losses: pure functions -----------------------------------------------------
-@dataclass(frozen=True)
-class Weights:
-    kl: float
-    rl: float  # reward-masked CE on the buffer, and the on-policy term's weight
-    ce: float
-    beta: float  # KL weight inside the on-policy term
-
-
-def schedule(step: int, o: DVIOptions) -> Weights:
-    """Loss weights at improve step ``step`` (0-based) for ``o.objective``."""
-    if o.objective == "kl":
-        return Weights(1.0, 0.0, 0.0, 0.0)
-    if o.objective == "ce":
-        return Weights(0.0, 1.0, 0.0, 0.0)
-    if o.objective == "pg":
-        return Weights(0.0, 1.0, 0.0, 0.0)
-    t = 0.0 if step < o.warmup else min(1.0, (step - o.warmup + 1) / max(o.ramp, 1))
-    return Weights(kl=(1 - t) + t * o.kl_min, rl=t, ce=o.ce_weight, beta=o.beta_start + t * (o.beta_end - o.beta_start))
-
-
-def kl_to(verifier_logits: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
-    """Mean over rows of KL(softmax(z_V) || q)."""
-    log_p = F.log_softmax(verifier_logits.float(), -1)
-    return (log_p.exp() * (log_p - log_q)).sum(-1).mean()
-
-
-def reward_masked_ce(log_q: torch.Tensor, drafts: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
-    """-sum_j r_j log q(y_j) / sum_j r_j: credit only where the verifier accepted."""
-    picked = log_q.gather(1, drafts[:, None])[:, 0]
-    return -(rewards * picked).sum() / rewards.sum().clamp_min(1.0)
-
-
-def reinforce(log_q: torch.Tensor, drafts: torch.Tensor, rewards: torch.Tensor, baseline: float) -> torch.Tensor:
-    """On-policy REINFORCE with a constant baseline: -mean (r - b) log q(y)."""
-    picked = log_q.gather(1, drafts[:, None])[:, 0]
-    return -((rewards - baseline) * picked).mean()
-
-
-# ---- the draft head ----------------------------------------------------------------------------
-class DraftHead(nn.Module):
-    """z_D = s * (W_0 x + (alpha/r) B A drop(x)), x = N_D(h). W_0 and N_D are the target's frozen
-    lm_head and final norm (shared, not copied: frozen, so identical and half the memory); only
-    A, B and s train, in fp32. B starts at zero, so the fresh head is the plain early exit."""
-
-    def __init__(self, lm_head: nn.Module, norm: nn.Module, rank: int, alpha: float, dropout: float,
-                 generator: torch.Generator) -> None:
-        super().__init__()
-        self.frozen = [lm_head, norm]  # a list keeps them out of this module's parameters
-        hidden, vocab = lm_head.weight.shape[1], lm_head.weight.shape[0]
-        self.lora_A = nn.Parameter(torch.empty(rank, hidden))
-        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5), generator=generator)
-        self.lora_B = nn.Parameter(torch.zeros(vocab, rank))
-        self.scale = nn.Parameter(torch.ones(()))
-        self.factor, self.dropout, self.gen = alpha / rank, dropout, generator
-
-    @torch.no_grad()
-    def features(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(x = N_D(h) in fp32, base logits W_0 x in the target dtype) for [n, H] states."""
-        lm_head, norm = self.frozen
-        x = norm(h)
-        return x.float(), lm_head(x)
-
-    def logits(self, x: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
-        """fp32 draft logits from cached features; LoRA dropout only in training mode."""
-        if self.training and self.dropout > 0:
-            keep = (torch.rand(x.shape, generator=self.gen) >= self.dropout).to(x.device)
-            x = x * keep / (1 - self.dropout)
-        delta = (x @ self.lora_A.T) @ self.lora_B.T
-        return self.scale * (base.float() + self.factor * delta)
-
-    def trainable(self) -> dict[str, torch.Tensor]:
-        return {"lora_A": self.lora_A, "lora_B": self.lora_B, "scale": self.scale}
-
-
-# ---- replay buffer -----------------------------------------------------------------------------
-class ReplayBuffer:
-    """Ring buffer of logged draft positions. Storage grows geometrically up to ``capacity`` (a
-    full SmolLM2 buffer holds two vocabulary-wide rows per tuple, ~400 MB in bf16)."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity, self.size, self.next = capacity, 0, 0
-        self.data: dict[str, torch.Tensor] = {}
-
-    def _reserve(self, rows: dict[str, torch.Tensor], needed: int) -> None:
-        have = next(iter(self.data.values())).shape[0] if self.data else 0
-        if needed <= have or have == self.capacity:
-            return
-        size = min(self.capacity, max(needed, 2 * have, 64))
-        grown = {k: torch.empty((size, *v.shape[1:]), dtype=v.dtype, device=v.device) for k, v in rows.items()}
-        for k, v in self.data.items():
-            grown[k][:have] = v
-        self.data = grown
-
-    def push(self, rows: dict[str, torch.Tensor]) -> None:
-        n = rows["x"].shape[0]
-        self._reserve(rows, self.next + n)
-        idx = (torch.arange(n) + self.next) % self.capacity
-        for k, v in rows.items():
-            self.data[k][idx.to(v.device)] = v
-        self.next = (self.next + n) % self.capacity
-        self.size = min(self.size + n, self.capacity)
-
-    def sample(self, n: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
-        idx = torch.randint(0, self.size, (min(n, self.size),), generator=generator)
-        return {k: v[idx.to(v.device)] for k, v in self.data.items()}
-
-    def __len__(self) -> int:
-        return self.size
-
-
-def _cat_rows(rows: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    return {k: torch.cat([r[k] for r in rows]) for k in rows[0]}
-
-
-# ---- the drafter -------------------------------------------------------------------------------
 class DVIDrafter(Drafter):
     name = "dvi"
     label = "DVI"
@@ -292,7 +144,7 @@ class DVIDrafter(Drafter):
         self.calls += 1
         if self.calls % self.options.update_every == 0:
             with state.timer.phase("adapt"):
-                self.improve(_cat_rows(self.fresh))
+                self.improve(cat_rows(self.fresh))
             self.fresh = []
             self.turn["steps"] += 1
 
@@ -370,22 +222,6 @@ class DVIDrafter(Drafter):
                                          f"expected {tuple(param.shape)} (another target or rank)")
                 with torch.no_grad():
                     param.copy_(value)
-
-
-# ---- the paper's single-objective ablations (Table 3) -----------------------------------------
-@dataclass
-class DVIKLOptions(DVIOptions):
-    objective: Objective = "kl"
-
-
-@dataclass
-class DVIPGOptions(DVIOptions):
-    objective: Objective = "pg"
-
-
-@dataclass
-class DVICEOptions(DVIOptions):
-    objective: Objective = "ce"
 
 
 class DVIKLDrafter(DVIDrafter):
