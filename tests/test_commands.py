@@ -1,5 +1,5 @@
-"""One declaration per option, for every command: `run`, `parity`, `reproduce`, `train data` and every
-trainer build their flags from ``specbench.options`` declarations (spelling, default, help with its range)
+"""One declaration per option, for every command: `run`, `parity`, `reproduce`, `merge`, `export`, `recheck`,
+`report`, `fetch`, `list methods`, `list benches`, `train data` and every trainer build their flags from ``specbench.options`` declarations (spelling, default, help with its range)
 and hold the values to them (ranges, choices, checks, conflicts) in one line each, before anything loads.
 The default target is one constant."""
 
@@ -15,12 +15,13 @@ from specbench import commands, options
 from specbench.cli import app
 from specbench.engine import DEFAULT_TARGET
 from specbench.run.run_config import ParityConfig, PresetFlags, ReproduceConfig, RunConfig, SideFlags
+from specbench.run.tool_configs import (ExportConfig, FetchConfig, ListBenchesConfig, ListMethodsConfig, MergeConfig,
+                                    RecheckConfig, ReportConfig)
 from specbench.training.cli import DataOptions
 from specbench.training.plugin import TrainOptions, registered_trainers
 from test_cli_regressions import no_model_loads, one_line_error  # noqa: F401 (an autouse fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
-
 
 
 def _params(*path: str) -> dict:
@@ -35,6 +36,13 @@ def _params(*path: str) -> dict:
     (("parity",), (ParityConfig,)),
     (("reproduce",), (ReproduceConfig,)),
     (("train", "data"), (DataOptions,)),
+    (("merge",), (MergeConfig,)),
+    (("export",), (ExportConfig,)),
+    (("recheck",), (RecheckConfig,)),
+    (("report",), (ReportConfig,)),
+    (("fetch",), (FetchConfig,)),
+    (("list", "methods"), (ListMethodsConfig,)),
+    (("list", "benches"), (ListBenchesConfig,)),
 ])
 def test_each_commands_flags_are_its_declared_fields(path, declarations):
     params = _params(*path)
@@ -42,6 +50,26 @@ def test_each_commands_flags_are_its_declared_fields(path, declarations):
     assert list(params) == [d.name for d in declared]
     for d in declared:
         assert params[d.name].help == options.help_text(d), (path, d.name)
+
+
+def test_no_command_declares_a_flag_of_its_own():
+    """Every flag comes from a declaration: the command line's modules call no typer.Option/Argument."""
+    for path in (ROOT / "specbench" / "cli.py", ROOT / "specbench" / "training" / "cli.py"):
+        calls = [node.func.attr for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                 and node.func.attr in ("Option", "Argument")]
+        assert calls == [], path.name
+
+
+def test_the_data_folder_and_device_flags_share_one_declaration():
+    """--data-dir and --device read the same help and check wherever a command takes them."""
+    commands_ = (RunConfig, ParityConfig, ReproduceConfig, RecheckConfig, ExportConfig, ListBenchesConfig, DataOptions)
+    for cls in commands_:
+        known = options.declared_by_name(cls)
+        for name, check in (("data_dir", "specbench.data.benchmarks:check_data_dir_option"),
+                            ("device", "specbench.engine.devices:resolve_device")):
+            if name in known:
+                assert known[name].check == check, (cls.__name__, name)
 
 
 def test_trainers_are_built_from_their_declarations_too():

@@ -163,7 +163,7 @@ def test_export_bad_input_is_one_line(models, smol, tmp_path, capsys):
     categories = {"spec_bench": {"field": "category", "values": {"81": "roleplay", "161": "qa", "241": "rag"}}}
     write_results(results, str(tmp_path / "no-such-model"), sum(records(smol), []), categories)
     code, _, err = cli(["export", "--format", "csv", str(results)], capsys)
-    assert code == 2 and "unknown export format 'csv'" in err
+    assert code == 2 and "--format names 'csv', which is unknown" in err and "known: spec-bench" in err
     code, _, err = cli(["export", str(results)], capsys)
     assert code == 2 and "cannot load the tokenizer" in err and not (tmp_path / "run_spec-bench").exists()
 

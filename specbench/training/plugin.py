@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import ClassVar, Optional
 
 from specbench.engine import DEFAULT_TARGET
-from specbench.options import device_option, option
+from specbench.options import data_dir_option, device_option, option
 
 __all__ = ["MethodTrainer", "TrainOptions", "option", "option_fields", "registered_trainers", "trainer_of"]
 
@@ -37,7 +37,7 @@ class TrainOptions:
     out: Path = option(help="Folder to write the drafter to.")
     target: str = option(DEFAULT_TARGET, "Target the drafter is trained for.")
     prompts: Optional[str] = option(None, "Prompt JSONL (default: <data dir>/train_prompts/sharegpt_first_turns.jsonl).")
-    data_dir: Optional[str] = option(None, "Data folder (else $SPECBENCH_DATA).")
+    data_dir: Optional[str] = data_dir_option()
     limit: Optional[int] = option(400, "Training prompts.", ge=1)
     max_new_tokens: int = option(128, "Response length cap when regenerating.", ge=1)
     epochs: int = option(3, "Passes over the training data.", ge=1)
