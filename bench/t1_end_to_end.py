@@ -53,7 +53,7 @@ B = TreeRule.RECURSIVE_REJECTION
 CONTROL_RUNS = [(None, "eagle3", B), ("unnormalised-residual", "sps", None), ("reused-uniform", "sps", None),
                 ("sibling-bias", "eagle3", B), ("unnormalised-residual", "eagle3", B)]
 COLUMNS = ["run", "rules", "draws", "mean accepted", "chi2", "dof", "p positions", "p joint", "p", "TV 90% power",
-           "TV 99% bound", "adapted", "verdict", "cpu", "git", "tokens"]
+           "TV 99% bound", "adapted", "verdict", "cpu", "git", "tokens", "prompt"]
 
 
 def adaptive(drafter: Drafter) -> bool:
@@ -71,12 +71,12 @@ def reference_for(name: str, drafter: Drafter, target: Target) -> Drafter:
     return fresh
 
 
-def row(label: str, result, adapted: str, verdict: str, env: dict, tokens: int) -> list[str]:
+def row(label: str, result, adapted: str, verdict: str, env: dict, tokens: int, prompt: str) -> list[str]:
     rules = ", ".join(f"{k} {v}" for k, v in sorted(result.rules.items())) or "-"
     o = result.overall
     return [label, rules, str(result.draws), f"{result.mean_accepted:.2f}", f"{o.chi2:.1f}", str(o.dof),
             f"{o.p_value:.3g}", f"{result.joint.p_value:.3g}", f"{result.p_value:.3g}", f"{100 * result.tv90:.1f}%",
-            f"{100 * o.tv_bound:.1f}%", adapted, verdict, env["hardware"], short_sha(env["git_sha"]), str(tokens)]
+            f"{100 * o.tv_bound:.1f}%", adapted, verdict, env["hardware"], short_sha(env["git_sha"]), str(tokens), prompt]
 
 
 def short_sha(sha: str) -> str:
@@ -92,23 +92,26 @@ def verdict_of(result, control: bool) -> str:
     return "FAIL" if result.detected(ALPHA) else "pass"
 
 
-def earlier_rows(out: Path) -> dict[tuple[str, str], list[str]]:
-    """(kind, run) -> row of the CSV beside ``out`` written by an earlier invocation (none if its columns differ)."""
+def earlier_rows(out: Path) -> dict[tuple[str, str, str], list[str]]:
+    """(kind, run, prompt) -> row of the CSV beside ``out`` written by an earlier invocation (none if its columns
+    differ; rows written before the prompt had a column were made with PROMPT)."""
     path = out.with_suffix(".csv")
     if not path.exists():
         return {}
     with path.open(newline="") as f:
         lines = list(csv.reader(f))
+    if lines and lines[0] == ["kind"] + COLUMNS[:-1]:
+        lines = [lines[0] + ["prompt"]] + [line + [PROMPT] for line in lines[1:]]
     if not lines or lines[0] != ["kind"] + COLUMNS:
         print(f"{path}: columns of another version; its rows are not kept", file=sys.stderr)
         return {}
-    return {(line[0], line[1]): line[1:] for line in lines[1:] if len(line) == len(COLUMNS) + 1}
+    return {(line[0], line[1], line[-1]): line[1:] for line in lines[1:] if len(line) == len(COLUMNS) + 1}
 
 
 HEADER = """# T = 1 end to end: the engine's own committed tokens
 
-Target {target} (float32), temperature 1, prompt "{prompt}" (plain text, {prompt_tokens} tokens), the first
-*tokens* tokens of N generations per run (seeds 0 .. N - 1) through `loop.generate`. Rows accumulate over
+Target {target} (float32), temperature 1, a plain-text prompt per row (*prompt*; no chat template; the default
+"{prompt}"), the first *tokens* tokens of N generations per run (seeds 0 .. N - 1) through `loop.generate`. Rows accumulate over
 invocations of `python bench/t1_end_to_end.py` (each row names the CPU and the commit that made it; the last
 invocation: `{command}`, {seconds:.0f} s).
 
@@ -156,6 +159,8 @@ def main() -> None:
     ap.add_argument("--run-minutes", type=float, default=10.0, help="time budget of each run's draws")
     ap.add_argument("--tokens", type=int, default=3, help="committed tokens per draw (K)")
     ap.add_argument("--no-controls", action="store_true")
+    ap.add_argument("--prompt", default=PROMPT, help="plain-text prompt (no chat template); each row records its own. "
+                    "The controls have power only where drafts are often accepted: a predictable prompt helps")
     ap.add_argument("--out", default="reports/t1_end_to_end_table.md")
     args = ap.parse_args()
     registered = list(available_methods())
@@ -175,7 +180,9 @@ def main() -> None:
     kept = earlier_rows(out)
     target = Target.load(DEFAULT_TARGET, "float32")
     env = environment_metadata(target.device)
-    prompt = target.tokenizer(PROMPT).input_ids
+    if not args.prompt.strip():
+        fail("--prompt is empty")
+    prompt = target.tokenizer(args.prompt).input_ids
     law = ExactLaw(target, prompt, T1, max_rows=2048)
     runs = [(None, m, None) for m in sorted(methods, key=lambda m: (m != VANILLA, m))]
     runs += [] if args.no_controls else CONTROL_RUNS
@@ -206,22 +213,24 @@ def main() -> None:
             adapted = f"{changed_trees(draws, reference)}/{PROBES} seeds"
         run_label = f"{control} ({label})" if control else label
         kind = "control" if control else "method"
-        kept[kind, run_label] = row(run_label, result, adapted, verdict_of(result, bool(control)), env, args.tokens)
-        print(" | ".join(kept[kind, run_label]), f"{draws.seconds:.0f}s", flush=True)
-        header = HEADER.format(target=DEFAULT_TARGET, prompt=PROMPT, prompt_tokens=len(prompt),
+        kept[kind, run_label, args.prompt] = row(run_label, result, adapted, verdict_of(result, bool(control)), env,
+                                                 args.tokens, args.prompt)
+        print(" | ".join(kept[kind, run_label, args.prompt]), f"{draws.seconds:.0f}s", flush=True)
+        header = HEADER.format(target=DEFAULT_TARGET, prompt=PROMPT,
                                seconds=time.perf_counter() - start, command=command, alpha=ALPHA, warmup=WARMUP,
                                warmup_tokens=WARMUP_TOKENS)
         write(out, header, ordered(kept, "method", registered), ordered(kept, "control", []))
     print(f"wrote {out} and {out.with_suffix('.csv')}")
 
 
-def ordered(rows: dict[tuple[str, str], list[str]], kind: str, names: list[str]) -> list[list[str]]:
-    """The rows of ``kind``: vanilla first, then by name (methods) or in the order the controls run."""
+def ordered(rows: dict[tuple[str, str, str], list[str]], kind: str, names: list[str]) -> list[list[str]]:
+    """The rows of ``kind``: vanilla first, then by name (methods) or in the order the controls run; a run's rows
+    of several prompts together, in prompt order."""
     order = [f"{c} ({n}{f' (rule {r.value})' if r else ''})" for c, n, r in CONTROL_RUNS if c] if kind == "control" \
         else sorted(names, key=lambda m: (m != VANILLA, m))
-    mine = {label: r for (k, label), r in rows.items() if k == kind}
-    return [mine[label] for label in order if label in mine] + [r for label, r in sorted(mine.items())
-                                                                  if label not in order]
+    rank = {label: i for i, label in enumerate(order)}
+    mine = sorted(((label, prompt), r) for (k, label, prompt), r in rows.items() if k == kind)
+    return [r for (label, _), r in sorted(mine, key=lambda item: (rank.get(item[0][0], len(rank)), item[0]))]
 
 
 if __name__ == "__main__":
