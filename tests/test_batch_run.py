@@ -107,7 +107,7 @@ def test_batched_runs_get_their_own_default_file():
                                    if k not in ("batch_size", "continuous")}
 
 
-@pytest.mark.slow
+@pytest.mark.deep  # 94 s on 2 cores; the tiny models' batched checks stay in `make test`
 @needs_data
 def test_real_target_batched_texts_equal_batch1_vanilla(tmp_path, capsys):
     """SmolLM2-135M in fp32, four HumanEval prompts in continuous batches of 4 (static batches and every
