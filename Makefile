@@ -10,7 +10,7 @@ export SPECBENCH_DATA ?= $(wildcard $(abspath ../shared/datasets))
 SRC     := PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}
 GPU_METHODS ?=
 
-.PHONY: setup setup-suffix test test-deep test-fast bench report run clean gpu-check gpu-batch reference drafters parity
+.PHONY: setup setup-suffix setup-browser test test-deep test-fast bench report run clean gpu-check gpu-batch reference drafters parity
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -29,6 +29,14 @@ setup: $(PY)
 setup-suffix: $(PY)
 	$(PIP) install nanobind==2.9.2 grpcio-tools protobuf cmake ninja setuptools wheel
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PIP) install --no-build-isolation --no-deps "arctic-inference>=0.3"
+
+# Debian's Chromium, for the report page's browser test (tests/test_report_browser.py, which skips without it).
+setup-browser:
+	@if command -v chromium >/dev/null 2>&1; then echo "chromium: $$(command -v chromium)"; \
+	elif ! command -v apt-get >/dev/null 2>&1; then echo "no apt-get: install Chromium by hand for the browser test"; \
+	else SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); export DEBIAN_FRONTEND=noninteractive; \
+		$$SUDO apt-get install -y -q chromium >/dev/null || { $$SUDO apt-get update -q >/dev/null && \
+		$$SUDO apt-get install -y -q chromium >/dev/null; }; fi
 
 # Test files spread over TEST_WORKERS processes (one torch thread each), a file's tests in one process so that
 # its module fixtures (the real target's loads) are made once.

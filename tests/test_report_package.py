@@ -221,19 +221,52 @@ def test_phases_come_from_the_records_engine_phases_first():
     assert "compile" in DECODE_PHASES and stages([r])[3] == "compile"  # a stage once records time it
 
 
-def test_figures_with_many_methods_keep_their_legend_off_the_data(tmp_path):
-    """Thirty methods in one block: the legend moves below the axes, and the layout still solves (no collapsed axes)."""
+def test_figures_with_many_methods_split_into_panels_whose_legends_stay_on_the_canvas(tmp_path):
+    """Thirty methods in one block: at most MAX_SERIES per panel (a family kept whole where it fits), each panel's
+    legend inside the figure (nothing cut off), and the layout still solves (no collapsed axes)."""
     import warnings
 
-    from specbench.analysis.report.figures import acceptance_figure, histogram_figure, save_figure
+    from specbench.analysis.report.figures import (MAX_SERIES, acceptance_figure, histogram_figure, panels,
+                                                   save_figure, stage_figure)
 
-    many_hist = histogram_figure({f"method-{i}": {1: 0.5, 2: 0.3, 3: 0.2} for i in range(30)}, "many methods")
-    many_rates = acceptance_figure({f"method-{i}": [0.6, 0.5, 0.4] for i in range(30)}, "many methods")
-    for name, fig in (("hist", many_hist), ("rates", many_rates)):
-        assert len(fig.legends) == 1 and fig.axes[0].get_legend() is None
-        assert fig.get_figheight() > 4.0  # grown to hold the legend's ten rows
+    families = {f"method-{i}": f"family-{i % 4}" for i in range(30)}
+    groups = panels(list(families), families)
+    assert all(len(members) <= MAX_SERIES for _, members in groups)
+    assert sorted(m for _, members in groups for m in members) == sorted(families)
+    assert all(len({families[m] for m in members}) == len(names.split(", ")) for names, members in groups)
+    many_hist = histogram_figure({m: {1: 0.5, 2: 0.3, 3: 0.2} for m in families}, "many methods", families)
+    many_rates = acceptance_figure({m: [0.6, 0.5, 0.4] for m in families}, "many methods", families)
+    shares = {m: {"draft_fwd": 0.3, "verify": 0.6, "commit": 0.1} for m in families}
+    for name, fig in (("hist", many_hist), ("rates", many_rates), ("stages", stage_figure(shares, "stages"))):
         with warnings.catch_warnings():
-            warnings.simplefilter("error")  # matplotlib warns when the legend squeezes the axes to nothing
+            warnings.simplefilter("error")  # matplotlib warns when a legend squeezes the axes to nothing
             save_figure(fig, tmp_path / name)
+        canvas = fig.bbox
+        legends = [ax.get_legend() for ax in fig.axes if ax.get_legend()] + list(fig.legends)
+        assert legends and all(len(legend.get_texts()) <= MAX_SERIES for legend in legends)
+        for legend in legends:
+            box = legend.get_window_extent()
+            assert box.x0 >= canvas.x0 - 1 and box.x1 <= canvas.x1 + 1 and box.y0 >= canvas.y0 - 1 \
+                and box.y1 <= canvas.y1 + 1, name
+    assert len([ax for ax in many_rates.axes if ax.get_visible()]) == len(groups) >= 3
     few = histogram_figure({"a": {1: 1.0}, "b": {2: 1.0}}, "two methods")
-    assert not few.legends and few.axes[0].get_legend() is not None and few.get_figheight() == 4.0
+    assert not few.legends and len(few.axes) == 1 and few.axes[0].get_legend() is not None
+
+
+def test_speedup_vs_drafting_cost_labels_do_not_overprint(tmp_path):
+    """Eight methods at nearly one point: every label still gets a place of its own, and each point has its interval."""
+    import pandas as pd
+
+    from specbench.analysis.report.figures import label_box, save_figure, tradeoff_figure
+
+    points = pd.DataFrame({"speedup": [1.0 + 0.005 * i for i in range(8)], "lo": [0.9] * 8, "hi": [1.2] * 8,
+                           "td_percent": [20.0 + 0.1 * i for i in range(8)]},
+                          index=pd.Index([f"a-long-method-name-{i}" for i in range(8)], name="method"))
+    fig = tradeoff_figure(points, "crowded")
+    save_figure(fig, tmp_path / "crowded")
+    ax = fig.axes[0]
+    renderer = fig.canvas.get_renderer()  # the labels' placement drew the figure on an Agg canvas
+    boxes = [label_box(t, renderer) for t in ax.texts]
+    assert len(boxes) == 8
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    assert len(ax.containers) == 8  # an error bar (the interval) per point

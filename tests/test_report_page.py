@@ -1,6 +1,7 @@
-"""The report's index page: per setting the verdicts and a chart of speedup with its interval come first,
-the tables show points with their intervals on hover, every link lands, and the page needs nothing from
-outside (no script, no remote asset: it is read offline)."""
+"""The report's index page: a headline sentence and the leaderboard (methods × settings, intervals in plain view)
+come first, then per setting the verdicts and a chart of speedup with its interval; the tables show points with
+their intervals below them and link their files; every link lands; the page needs nothing from outside (one
+inline script, the sort; no remote asset: it is read offline)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ from pathlib import Path
 import pandas as pd
 
 from specbench.analysis.report import write_report
-from specbench.analysis.report.page import COLORS, PAYS, SLOWER, UNCLEAR, Bar, settings, speedup_chart
+from specbench.analysis.report.chart import speedup_chart
+from specbench.analysis.report.checks import hardware_label
+from specbench.analysis.report.leaderboard import headline_sentence, leaderboard_html
+from specbench.analysis.report.verdicts import COLORS, PAYS, SLOWER, UNCLEAR, Bar, Setting, settings
 from specbench.analysis.report.table import Table
 from test_report import method_records, vanilla_records, write_jsonl
 
@@ -65,24 +69,69 @@ def test_chart_draws_each_method_at_its_speedup_coloured_by_its_verdict():
     assert hovers[0] == "fast: 1.40× [1.20, 1.60] over vanilla (pays); τ 2.00; T_D 15%"
 
 
-def test_index_page_opens_with_the_verdicts_and_needs_nothing_from_outside(tmp_path: Path):
+def test_index_page_opens_with_the_headline_and_the_leaderboard_and_needs_nothing_from_outside(tmp_path: Path):
     (tmp_path / "results").mkdir()
     records = vanilla_records() + method_records("sps", quality=1, draft=0.3) + method_records("specblock", quality=3,
                                                                                              draft=0.1)
     write_jsonl(tmp_path / "results" / "a.jsonl", records)
     write_report(tmp_path / "results", tmp_path / "out")
     page = (tmp_path / "out" / "index.html").read_text(encoding="utf-8")
+    headline, board, verdicts = page.index('id="headline"'), page.index('id="leaderboard"'), page.index('id="verdicts"')
     first_table, figures = page.index('id="main_table"'), page.index('id="figures"')
-    verdicts = page[page.index('id="verdicts"'):first_table]
-    assert "<svg" in verdicts and "smollm2-135m · bf16 · T = 0" in verdicts and first_table < figures
-    assert re.search(r"\d of 2 methods? pays?|None of 2 methods", verdicts)
+    assert headline < board < verdicts < first_table < figures
+    assert re.search(r'id="headline">smollm2-135m · bf16 · T = 0 — (\d of 2 methods? pays?|No method)', page)
+    assert "<svg" in page[verdicts:first_table] and "smollm2-135m · bf16 · T = 0" in page[verdicts:first_table]
     ids = set(re.findall(r'id="([^"]+)"', page))
     links = re.findall(r'href="#([^"]+)"', page)
-    assert {"verdicts", "main_table", "companion_table", "figures"} <= set(links) and set(links) <= ids
-    assert "<script" not in page and not re.search(r'(?:src|href)="(?:https?:)?//', page)
-    # The main table shows points; the interval and n are the cell's hover text (title).
-    cells = re.findall(r'<td title="([^"]+)">(?:<b>)?([^<]+)(?:</b>)?</td>', page[first_table:figures])
-    spd = [(full, shown) for full, shown in cells if "(n=" in full]
-    assert spd and all("[" in full and "[" not in shown and full.startswith(shown.split(" ")[0]) for full, shown in spd)
+    assert {"leaderboard", "verdicts", "main_table", "companion_table", "figures"} <= set(links) and set(links) <= ids
+    # nothing from outside: no remote link, one inline script (the sort), figures and files beside the page
+    assert not re.search(r'(?:src|href)="(?:https?:)?//', page) and len(re.findall("<script", page)) == 1
+    assert "<script src" not in page and "base64," not in page
+    local = re.findall(r'(?:src|href)="([^"#][^"]*)"', page)
+    assert local and all((tmp_path / "out" / ref).is_file() for ref in local if not ref.startswith("data:"))
+    assert 'href="main_table.csv"' in page and 'href="main_table.md"' in page
+    # Each figure has a caption that says what it shows (not its file name).
+    captions = re.findall(r"<figcaption>([^<]+)</figcaption>", page)
+    assert captions and all(" " in c and not c.endswith(".png") and "smollm2-135m" in c for c in captions)
+    # The main table shows each point with its interval and n below it (no hover needed).
+    cells = re.findall(r'<td>(?:<b>)?([^<]+)(?:</b>)?<span class="ci">([^<]+)</span></td>', page[first_table:figures])
+    spd = [(point, rest) for point, rest in cells if "(n=" in rest]
+    assert spd and all(point.endswith("×") and rest.startswith("[") for point, rest in spd)
     md = (tmp_path / "out" / "main_table.md").read_text(encoding="utf-8")
-    assert all(full.replace("|", "\\|") in md for full, _ in spd[:3])  # the Markdown keeps the full text
+    assert all(f"{point} {rest}".replace("|", "\\|") in md for point, rest in spd[:3])  # the Markdown: full text
+
+
+def two_settings() -> list[Setting]:
+    a, b = (Setting("t · T = 0", "main_table", tuple(bars), 0.0, machine) for bars, machine in (
+        ([Bar("fast", 1.4, 1.2, 1.6, 2.0, family="f"), Bar("slow", 0.7, 0.6, 0.8, 1.1, family="s")], "Xeon 6/167 AMX"),
+        ([Bar("only-here", 1.1, 0.9, 1.3, family="o"), Bar("slow", 0.9, 0.85, 0.95)], "EPYC 25/1 AVX2")))
+    return [a, b]
+
+
+def test_leaderboard_rows_follow_the_first_setting_with_intervals_in_plain_view():
+    html_ = leaderboard_html(two_settings())
+    root = ET.fromstring(html_)
+    rows = root.findall(".//tbody/tr")
+    assert [r[0].text for r in rows] == ["fast", "slow", "only-here"]  # the first setting's order, then the rest
+    heads = root.findall(".//thead/tr/th")
+    assert [h.findtext("span") for h in heads[2:]] == ["Xeon 6/167 AMX", "EPYC 25/1 AVX2"]  # the machine, short
+    fast = rows[0][2]
+    assert fast.get("class") == PAYS and fast.get("data-v") == "1.4000"
+    assert fast.findtext("span[@class='pt']") == "1.40×" and fast.findtext("span[@class='ci']") == "[1.20, 1.60] · τ 2.00"
+    assert rows[0][3].text == "—" and rows[0][3].get("data-v") == ""  # not run in that setting
+    assert rows[2][1].text == "o" and rows[1][3].get("class") == SLOWER
+
+
+def test_headline_names_the_first_setting_and_counts_the_rest():
+    assert headline_sentence(two_settings()) == ("t · T = 0 · Xeon 6/167 AMX — 1 of 2 methods pay: fast most, "
+                                                 "1.40× [1.20, 1.60]. The leaderboard adds 1 more setting on 2 "
+                                                 "machines.")
+    assert headline_sentence([]) == "No method has a mean speedup in these records."
+
+
+def test_hardware_label_is_short_and_keeps_the_cpu_class():
+    assert hardware_label("Intel(R) Xeon(R) Processor [family 6 model 167, avx512_bf16/amx_bf16] (2 threads)") == \
+        "Xeon 6/167 AMX"
+    assert hardware_label("AMD EPYC [family 25 model 1, avx2 only] (2 threads)") == "EPYC 25/1 AVX2"
+    assert hardware_label("AMD EPYC [family 26 model 2, avx512_bf16] (2 threads)") == "EPYC 26/2 AVX512-BF16"
+    assert len(hardware_label("NVIDIA H200 with a very long marketing name indeed (cuda)")) <= 28

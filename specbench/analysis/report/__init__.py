@@ -3,8 +3,8 @@
 Every step is a small pure function, one module per job::
 
     records (load, blocks, sides) -> stats (cell/method frames, intervals) -> tables / papers /
-    method_tables (Table of Cells, table.py) -> render (Markdown, LaTeX, CSV, HTML) ; figures ; page (index.html:
-    verdicts and their chart first) ; build
+    method_tables (Table of Cells, table.py) -> render (Markdown, LaTeX, CSV, HTML) ; figures ; verdicts (per
+    setting) -> leaderboard, chart -> page (index.html: headline and leaderboard first) ; build
 
 The report names no method: labels, families and ablation groups come from what each side's method
 class declares (``Drafter.label``/``family``/``ablation_of``, recorded in the results header);
@@ -29,7 +29,7 @@ _EXPORTS = {
     "stats": ("BOOTSTRAP_REPS", "BOOTSTRAP_SEED", "BOLD_REPS", "CELL_COLUMNS", "bootstrap_ci", "speedup_ci", "tau_ci",
               "cell_frame", "method_frame", "missing_reasons", "mean_over_benches", "loaded_cells", "dirty_cells",
               "significant_cells", "of_kind", "blocks_of_kind", "mean_frame", "flagged_turns"),
-    "checks": ("split_by_machine", "machine_slug", "aa_frame", "aa_table", "without_aa", "divergence_frame", "divergence_table"),
+    "checks": ("split_by_machine", "machine_slug", "hardware_label", "aa_frame", "aa_table", "without_aa", "divergence_frame", "divergence_table"),
     "cost": ("block_curves", "cost_notes", "cost_table"),
     "table": ("Cell", "Table", "DASH", "fmt_spd", "fmt_tau", "fmt_pct", "fmt_delta", "fmt_ci", "fmt_spd_n"),
     "tables": ("main_table", "streams_table", "companion_table", "ablation_groups", "ablation_table", "provenance_lines"),
@@ -37,7 +37,10 @@ _EXPORTS = {
                "paper_metric_cells", "paper_metric_table"),
     "method_tables": ("register_table", "plugin_functions", "table_functions", "registered_tables"),
     "render": ("render_markdown", "render_latex", "render_html", "render_csv", "tex_escape"),
-    "page": ("render_index_html", "settings", "speedup_chart"),
+    "page": ("render_index_html", "page_settings"),
+    "verdicts": ("Bar", "Setting", "settings"),
+    "chart": ("speedup_chart",),
+    "leaderboard": ("leaderboard_html", "headline_sentence"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE)

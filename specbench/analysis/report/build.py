@@ -21,7 +21,8 @@ from specbench.analysis.report.papers import (DEFAULT_PAPER_NUMBERS, load_paper_
                                      paper_metric_table)
 from specbench.analysis.report.records import (PathSpec, ResultFile, apart_dtypes, block_records, block_sides,
                                               load_result_files)
-from specbench.analysis.report.checks import aa_labels, aa_table, divergence_table, machine_slug, split_by_machine, without_aa
+from specbench.analysis.report.checks import (aa_labels, aa_table, divergence_table, hardware_label, machine_slug,
+                                             split_by_machine, without_aa)
 from specbench.analysis.report.cost import block_curves, cost_table
 from specbench.analysis.report.owned import owned_files, remove_stale, write_manifest
 from specbench.analysis.report.page import render_index_html
@@ -152,8 +153,9 @@ def machine_report(every: Sequence[ResultFile], hardware: str = "",
 
 def write_report(results_glob_or_paths: PathSpec = "results/*.jsonl", out_dir: str | Path = "reports",
                  paper_numbers: str | Path | Sequence[Path] | None = DEFAULT_PAPER_NUMBERS, figures: bool = True) -> list[Path]:
-    """Write every table as .md/.tex/.csv, the figures as PNG+PDF and a self-contained index.html (page.py: the
-    verdicts and their chart first, then the tables and figures).
+    """Write every table as .md/.tex/.csv, the figures as PNG+PDF and index.html (page.py: the headline and the
+    leaderboard first, then the verdicts, the tables with links to their files, and the figures, which the page
+    shows from the PNG files beside it).
 
     The folder's ``.report-files.json`` lists what this report wrote; whatever the previous report there wrote
     and this one does not is removed (owned.py), so no stale table or figure outlives its inputs.
@@ -169,14 +171,19 @@ def write_report(results_glob_or_paths: PathSpec = "results/*.jsonl", out_dir: s
             path = out / f"{table.name}{suffix}"
             path.write_text(text, encoding="utf-8")
             written.append(path)
-    figure_paths = []
+    figure_paths: list[Path] = []
+    captions: dict[Path, str] = {}
     if figures:  # the other machines' figures carry their hardware in the file name
-        figure_paths = write_figures(report, out / "figures")
+        several = bool(report.others)
+        figure_paths = write_figures(report, out / "figures", captions=captions,
+                                     machine=hardware_label(report.hardware) if several else "")
         for other in report.others:
-            figure_paths += write_figures(other, out / "figures", f"_{machine_slug(other.hardware)}")
+            figure_paths += write_figures(other, out / "figures", f"_{machine_slug(other.hardware)}", captions,
+                                          hardware_label(other.hardware))
     written += figure_paths
     index = out / "index.html"
-    index.write_text(render_index_html(report, [p for p in figure_paths if p.suffix == ".png"]), encoding="utf-8")
+    pngs = [p for p in figure_paths if p.suffix == ".png"]
+    index.write_text(render_index_html(report, pngs, captions, out), encoding="utf-8")
     written.append(index)
     remove_stale(out, previous, written)
     write_manifest(out, written)

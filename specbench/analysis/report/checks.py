@@ -30,6 +30,24 @@ def machine_slug(hardware: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", hardware.lower()).strip("-") or "unknown"
 
 
+_ISA = (("amx", "AMX"), ("avx512_bf16", "AVX512-BF16"), ("avx2", "AVX2"))
+
+
+def hardware_label(hardware: str) -> str:
+    """A short name for a header's hardware string, for places that name it more than once:
+    'Intel(R) Xeon(R) Processor [family 6 model 167, avx512_bf16/amx_bf16] (2 threads)' -> 'Xeon 6/167 AMX',
+    'AMD EPYC [family 25 model 1, avx2 only] (2 threads)' -> 'EPYC 25/1 AVX2'; a string of another form is cut
+    to 28 characters."""
+    plain = re.sub(r"\((?:R|TM)\)", "", hardware).split("[")[0].split("(")[0]  # the name, without its thread count
+    name = re.sub(r"\b(?:Processor|CPU|Intel|AMD|NVIDIA)\b", "", plain)
+    name = " ".join(name.split()) or hardware
+    found = re.search(r"\[family (\d+) model (\d+)(?:, ([^\]]*))?\]", hardware)
+    if not found:
+        return name if len(name) <= 28 else name[:27] + "…"
+    isa = next((short for key, short in _ISA if key in (found.group(3) or "")), "")
+    return " ".join(part for part in (name, f"{found.group(1)}/{found.group(2)}", isa) if part)
+
+
 def _part_machines(f: ResultFile) -> set[str]:
     """The hardware of every part a merged file was made from (``specbench merge``: meta parts)."""
     return {str(p.get("hardware") or UNKNOWN_HARDWARE) for p in f.meta.get("parts") or [] if isinstance(p, dict)}

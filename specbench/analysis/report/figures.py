@@ -17,7 +17,9 @@ from typing import Mapping, Sequence
 
 import matplotlib
 import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.text import Text
 from matplotlib.ticker import MaxNLocator
 
 from specbench import metrics
@@ -30,6 +32,7 @@ from specbench.analysis.report.stats import mean_over_benches
 # colour in order of appearance.
 _ENGINE_COLORS = {"draft_fwd": "#d62728", "compile": "#2ca02c", "verify": "#1f77b4", "commit": "#7f7f7f"}
 _SUBPHASE_COLORS = ("#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf")
+MAX_SERIES = 10  # lines or bar groups per axes: more cannot be told apart by colour
 _RC = {"svg.hashsalt": "specbench", "font.size": 9,
        "axes.grid": True, "grid.alpha": 0.3, "figure.dpi": 100, "savefig.dpi": 100}
 
@@ -107,13 +110,39 @@ def sweep_frame(cells: pd.DataFrame, block: Block, sides: Mapping[str, MethodInf
         ["base", "budget", "bench", "tau", "speedup"]]
 
 
-def tradeoff_frame(cells: pd.DataFrame, methods: pd.DataFrame, block: Block) -> pd.DataFrame:
-    """Per method: T_D% and mean speedup over its benches."""
-    part = cells[(cells.target == block[0]) & (cells.temperature == block[1])]
-    spd = mean_over_benches(part, "speedup").droplevel([0, 1])
-    td = methods[(methods.target == block[0]) & (methods.temperature == block[1])].set_index("method").td
-    df = pd.DataFrame({"speedup": spd, "td_percent": 100 * td.reindex(spd.index)})
+def tradeoff_frame(table, block: Block) -> pd.DataFrame:
+    """Per method of the block: T_D% and the mean speedup over its benches with the 95% interval, the numbers
+    the main table and the page's leaderboard print (``table``: the main table)."""
+    columns = ["speedup", "lo", "hi", "td_percent"]
+    data = table.data if table is not None else pd.DataFrame()
+    if data.empty or "mean_spd" not in data:
+        return pd.DataFrame(columns=columns)
+    part = data[(data.target == block[0]) & (data.temperature.astype(float) == block[1])]
+    df = pd.DataFrame({"speedup": part.mean_spd.to_numpy(float), "lo": part.mean_spd_lo.to_numpy(float),
+                       "hi": part.mean_spd_hi.to_numpy(float), "td_percent": part.td_percent.to_numpy(float)},
+                      index=pd.Index(part.method.astype(str), name="method"))
     return df[df.speedup.notna() & df.td_percent.notna()].sort_index()
+
+
+def panels(methods: Sequence[str], families: Mapping[str, str] | None = None,
+           limit: int = MAX_SERIES) -> list[tuple[str, list[str]]]:
+    """The methods split into panels of at most ``limit`` series, a family kept whole where it fits (a family
+    larger than ``limit`` takes several panels): (the panel's families, its methods), families in name order."""
+    by_family: dict[str, list[str]] = {}
+    for m in methods:
+        by_family.setdefault((families or {}).get(m) or m, []).append(m)
+    out: list[tuple[list[str], list[str]]] = []
+    for family in sorted(by_family):
+        members = by_family[family]
+        for start in range(0, len(members), limit):
+            chunk = members[start:start + limit]
+            if not out or len(out[-1][1]) + len(chunk) > limit:
+                out.append(([], []))
+            names, panel = out[-1]
+            if family not in names:
+                names.append(family)
+            panel.extend(chunk)
+    return [(", ".join(names), members) for names, members in out]
 
 
 # --------------------------------------------------------------------------------------- figures
@@ -125,42 +154,68 @@ def _figure(title: str, ncols: int = 1, width: float = 6.4) -> tuple[Figure, lis
     return fig, axes
 
 
-def _method_legend(fig: Figure, ax) -> None:
-    """One entry per method: inside the axes while few, else below them in three columns, the figure grown to hold it
-    (thirty entries inside the axes covered the data and squeezed the axes to nothing)."""
-    entries = len(ax.get_legend_handles_labels()[1])
-    if entries <= 6:
+def _panel_figure(title: str, groups: Sequence[tuple[str, list[str]]]) -> tuple[Figure, list]:
+    """One panel per group of methods (``panels``), two panels a row, each titled by its families when there are
+    several."""
+    n = max(len(groups), 1)
+    ncols = min(n, 2)
+    nrows = -(-n // ncols)
+    fig = Figure(figsize=(6.4 * ncols, 3.4 * nrows + 0.6), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel().tolist()
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    if n > 1:
+        for ax, (families, _) in zip(axes, groups):
+            ax.set_title(families, fontsize=9)
+    fig.suptitle(title)
+    return fig, axes[:n]
+
+
+def _legend(ax) -> None:
+    """A panel's legend (at most MAX_SERIES entries): inside the axes while few, else beside them, inside the
+    canvas (the constrained layout makes room for it: no entry is cut off)."""
+    if len(ax.get_legend_handles_labels()[1]) <= 5:
         ax.legend(fontsize=8)
-        return
-    fig.set_figheight(fig.get_figheight() + 0.2 * -(-entries // 3))  # ceil(entries / 3) legend rows
-    fig.legend(loc="outside lower center", ncols=3, fontsize=7)
+    else:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
 
 
-def acceptance_figure(series: dict[str, list[float]], title: str) -> Figure:
-    fig, (ax,) = _figure(title)
-    for method, rates in series.items():
-        ax.plot(range(1, len(rates) + 1), rates, marker="o", label=method)
-    ax.set(xlabel="chain depth k", ylabel="α_k = P(depth k accepted | k−1 accepted)", ylim=(0, 1.02))
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # depths are whole numbers
-    _method_legend(fig, ax)
+def acceptance_figure(series: dict[str, list[float]], title: str, families: Mapping[str, str] | None = None) -> Figure:
+    groups = panels(list(series), families)
+    fig, axes = _panel_figure(title, groups)
+    for ax, (_, methods) in zip(axes, groups):
+        for method in methods:
+            rates = series[method]
+            ax.plot(range(1, len(rates) + 1), rates, marker="o", label=method)
+        ax.set(xlabel="chain depth k", ylabel="α_k = P(depth k accepted | k−1 accepted)", ylim=(0, 1.02))
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # depths are whole numbers
+        _legend(ax)
     return fig
 
 
-def histogram_figure(series: dict[str, dict[int, float]], title: str) -> Figure:
-    fig, (ax,) = _figure(title)
-    width = 0.8 / max(len(series), 1)
-    for i, (method, shares) in enumerate(series.items()):
-        xs = sorted(shares)
-        ax.bar([x - 0.4 + width * (i + 0.5) for x in xs], [shares[x] for x in xs], width=width, label=method)
-    ax.set(xlabel="tokens committed per verify call (accepted + bonus)", ylabel="share of verify calls")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    _method_legend(fig, ax)
+def histogram_figure(series: dict[str, dict[int, float]], title: str,
+                     families: Mapping[str, str] | None = None) -> Figure:
+    groups = panels(list(series), families)
+    fig, axes = _panel_figure(title, groups)
+    for ax, (_, methods) in zip(axes, groups):
+        width = 0.8 / len(methods)
+        for i, method in enumerate(methods):
+            shares = series[method]
+            xs = sorted(shares)
+            ax.bar([x - 0.4 + width * (i + 0.5) for x in xs], [shares[x] for x in xs], width=width, label=method)
+        ax.set(xlabel="tokens committed per verify call (accepted + bonus)", ylabel="share of verify calls")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        _legend(ax)
     return fig
 
 
 def stage_figure(shares: dict[str, dict[str, float]], title: str) -> Figure:
-    fig, (ax,) = _figure(title)
+    """A bar per method, split by stage; the figure grows with the methods (a bar each stays readable) and the stage
+    legend sits below the axes, inside the canvas."""
     methods = list(shares)
+    fig = Figure(figsize=(6.4, max(3.2, 1.6 + 0.24 * len(methods))), layout="constrained")
+    ax = fig.subplots()
+    fig.suptitle(title)
     names = list(next(iter(shares.values())))  # every method has the block's stages, in order
     colors = stage_colors(names)
     left = [0.0] * len(methods)
@@ -169,8 +224,9 @@ def stage_figure(shares: dict[str, dict[str, float]], title: str) -> Figure:
         ax.barh(methods, values, left=left, color=colors[stage], label=stage)
         left = [a + b for a, b in zip(left, values)]
     ax.set(xlabel="share of decode time", xlim=(0, 1))
+    ax.tick_params(axis="y", labelsize=8)
     ax.invert_yaxis()
-    ax.legend(fontsize=8, ncols=len(names), loc="lower center", bbox_to_anchor=(0.5, 1.0))
+    fig.legend(loc="outside lower center", ncols=min(len(names), 4), fontsize=8)
     return fig
 
 
@@ -192,14 +248,44 @@ def budget_figure(sweep: pd.DataFrame, title: str) -> Figure:
 
 
 def tradeoff_figure(points: pd.DataFrame, title: str) -> Figure:
+    """Each method's mean speedup (bars: its 95% interval) against T_D%, coloured by verdict as on the page; the
+    labels are set apart where they would overprint each other (``_label_points``)."""
+    from specbench.analysis.report.verdicts import COLORS, Bar
+
     fig, (ax,) = _figure(title)
-    ax.scatter(points.td_percent, points.speedup)
     for method, row in points.iterrows():
-        ax.annotate(method, (row.td_percent, row.speedup), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        color = COLORS[Bar(str(method), row.speedup, row.lo, row.hi).verdict]
+        low = max(row.speedup - row.lo, 0.0) if math.isfinite(row.lo) else 0.0
+        high = max(row.hi - row.speedup, 0.0) if math.isfinite(row.hi) else 0.0
+        ax.errorbar([row.td_percent], [row.speedup], yerr=[[low], [high]], fmt="o", color=color, capsize=3, ms=5)
     ax.axhline(1.0, color="#777", lw=0.8)
-    ax.margins(x=0.2, y=0.1)  # room for the labels
+    ax.margins(x=0.25, y=0.12)  # room for the labels
     ax.set(xlabel="T_D% (drafter share of decode time)", ylabel="mean speedup over vanilla")
+    _label_points(fig, ax, list(points.td_percent), list(points.speedup), [str(m) for m in points.index])
     return fig
+
+
+def _label_points(fig: Figure, ax, xs: Sequence[float], ys: Sequence[float], labels: Sequence[str]) -> None:
+    """A label beside each point, moved up or down (with a leader line) until it overlaps no label placed before
+    it, highest points first; the layout is solved first so that pixel positions are final."""
+    renderer = FigureCanvasAgg(fig).get_renderer()  # the canvas the PNG is drawn on (a bare Figure has none)
+    fig.draw_without_rendering()
+    placed = []
+    for i in sorted(range(len(xs)), key=lambda k: (-ys[k], xs[k])):
+        for step in (0, -1, 1, -2, 2, -3, 3, -4, 4, -5, 5, -6, 6):
+            note = ax.annotate(labels[i], (xs[i], ys[i]), xytext=(7, 10 * step - 3), textcoords="offset points",
+                               fontsize=8, arrowprops=dict(arrowstyle="-", color="#999", lw=0.6) if step else None)
+            box = label_box(note, renderer).expanded(1.02, 1.1)
+            if not any(box.overlaps(other) for other in placed) or step == 6:
+                placed.append(box)
+                break
+            note.remove()
+
+
+def label_box(note, renderer):
+    """The pixel box of an annotation's text alone (an annotation's own extent includes its leader line)."""
+    note.update_positions(renderer)
+    return Text.get_window_extent(note, renderer)
 
 
 def batch_speedup_figure(frame: pd.DataFrame, title: str) -> Figure:
@@ -220,32 +306,54 @@ def batch_speedup_figure(frame: pd.DataFrame, title: str) -> Figure:
         ax.set_xticks(sizes, labels=[str(b) for b in sizes])
         ax.minorticks_off()
         ax.set(xlabel="batch size B", ylabel="speedup over vanilla at the same B", title=bench_label(bench))
-    _method_legend(fig, axes[0])
+    _legend(axes[0])
     return fig
 
 
-def batch_figures(report) -> dict[str, Figure]:
-    """The speedup-vs-B figure of each block with batched records, keyed by its file stem."""
+# What each kind of figure shows, in a sentence; "{what}" is the block (and machine) it is drawn for.
+CAPTIONS = {
+    "acceptance_rates": "Acceptance per chain depth, {what}: α_k is the share of drafts that reached depth k−1 whose "
+                        "token at depth k was accepted too; one panel per group of method families (at most "
+                        f"{MAX_SERIES} lines each).",
+    "accept_length_hist": "Tokens committed per verify call (accepted + the bonus token), {what}: the share of verify "
+                          "calls that committed each count, per method; one panel per group of method families.",
+    "stage_breakdown": "Where decode time goes, {what}: each method's decode time split by stage (drafting, the "
+                       "drafter's own sub-phases, verify, commit).",
+    "speedup_vs_td": "Speedup against drafting cost, {what}: each method's mean speedup over vanilla (bars: its 95% "
+                     "interval) against T_D%, the share of decode time spent drafting; green pays, red is slower, "
+                     "grey cannot be told from vanilla.",
+    "budget_sweep": "τ and speedup against the node budget, {what}: per swept method, each bench (dashed) and their "
+                    "mean (solid).",
+    "batch_speedup": "Speedup under load, {what}: speedup over vanilla at the same batch size B (bars: 95% interval), "
+                     "one panel per bench; below the line at 1× speculation no longer pays.",
+}
+
+
+def batch_figures(report) -> dict[str, tuple[Figure, Block]]:
+    """The speedup-vs-B figure of each block with batched records, keyed by its file stem, with its block."""
     frame = report.batch_frame
     figs = {}
     for (target, temperature), part in ([] if frame.empty else frame.groupby(["target", "temperature"])):
         block = (target, float(temperature))
-        figs[f"batch_speedup_{slug(block)}"] = batch_speedup_figure(part, f"Speedup under load — {block_label(block)}")
+        figs[f"batch_speedup_{slug(block)}"] = (batch_speedup_figure(part, f"Speedup under load — {block_label(block)}"),
+                                               block)
     return figs
 
 
 def block_figures(report, block: Block) -> dict[str, Figure]:
-    """Every figure that has data for one block of a ``build.Report``, keyed by its file stem prefix."""
+    """Every figure that has data for one block of a ``build.Report``, keyed by its kind (CAPTIONS, and its file
+    stem's prefix)."""
     records = report.blocks[block]
     label = block_label(block)
+    families = {side: info.family for side, info in report.sides.get(block, {}).items()}
     figs: dict[str, Figure] = {}
     if series := acceptance_series(records):
-        figs["acceptance_rates"] = acceptance_figure(series, f"α_k per chain depth — {label}")
+        figs["acceptance_rates"] = acceptance_figure(series, f"α_k per chain depth — {label}", families)
     if series := histogram_series(records):
-        figs["accept_length_hist"] = histogram_figure(series, f"Accepted length per verify call — {label}")
+        figs["accept_length_hist"] = histogram_figure(series, f"Accepted length per verify call — {label}", families)
     if shares := stage_shares(records):
         figs["stage_breakdown"] = stage_figure(shares, f"Decode time per stage — {label}")
-    if not (points := tradeoff_frame(report.bench_cells, report.methods, block)).empty:
+    if not (points := tradeoff_frame(report.main, block)).empty:
         figs["speedup_vs_td"] = tradeoff_figure(points, f"Speedup vs drafting cost — {label}")
     if not (sweep := sweep_frame(report.cells, block, report.sides.get(block, {}))).empty:
         figs["budget_sweep"] = budget_figure(sweep, f"τ and speedup vs node budget — {label}")
@@ -265,15 +373,25 @@ def save_figure(fig: Figure, stem: Path) -> list[Path]:
     return [png, pdf]
 
 
-def write_figures(report, out_dir: Path, suffix: str = "") -> list[Path]:
+def write_figures(report, out_dir: Path, suffix: str = "", captions: dict[Path, str] | None = None,
+                  machine: str = "") -> list[Path]:
     """All figures of all blocks into ``out_dir``, ``suffix`` after each file stem (another machine's
-    hardware, so its figures never share a name with the first machine's); returns the written paths, sorted."""
+    hardware, so its figures never share a name with the first machine's); returns the written paths, sorted.
+    ``captions``, when given, gets each PNG's caption (CAPTIONS, naming the block and ``machine``)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
+
+    def save(fig: Figure, stem: str, kind: str, block: Block) -> None:
+        paths = save_figure(fig, out_dir / f"{stem}{suffix}")
+        if captions is not None:
+            what = block_label(block) + (f" on {machine}" if machine else "")
+            captions[paths[0]] = CAPTIONS[kind].format(what=what)
+        written.extend(paths)
+
     with matplotlib.rc_context(_RC):
         for block in sorted(report.blocks):
             for kind, fig in block_figures(report, block).items():
-                written += save_figure(fig, out_dir / f"{kind}_{slug(block)}{suffix}")
-        for stem, fig in batch_figures(report).items():
-            written += save_figure(fig, out_dir / f"{stem}{suffix}")
+                save(fig, f"{kind}_{slug(block)}", kind, block)
+        for stem, (fig, block) in batch_figures(report).items():
+            save(fig, stem, "batch_speedup", block)
     return sorted(written)

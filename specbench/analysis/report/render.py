@@ -78,8 +78,8 @@ def render_latex(table: Table) -> str:
 
 def render_html(table: Table) -> str:
     """A heading (anchored by the table's name), a <table> with a grouped header and section rows, then the notes
-    and provenance folded away (no external assets). A cell with a compact form shows it and its full text
-    (interval, n) on hover."""
+    and provenance folded away (no external assets). A cell with a compact form shows its point, and its
+    interval and n in small type below it."""
     esc = html.escape
     out = [f'<h2 id="{esc(table.name)}">{esc(table.title)}</h2>', '<div class="wide"><table class="data">', "<thead>"]
     if table.groups:
@@ -101,11 +101,17 @@ def render_html(table: Table) -> str:
 
 
 def _html_cell(cell: Cell, align: str) -> str:
+    """A cell with a compact form (a point, and its interval and n in the full text) shows the point and, below it
+    in small type, the rest of the full text: intervals are read without hovering (a phone has no hover)."""
     esc = html.escape
-    compact = bool(cell.short) and cell.short != cell.text
-    shown = esc(cell.short if compact else cell.text)
-    attrs = (' class="l"' if align == "l" else "") + (f' title="{esc(cell.text)}"' if compact else "")
-    return f"<td{attrs}>" + (f"<b>{shown}</b>" if cell.bold else shown) + "</td>"
+    attrs = ' class="l"' if align == "l" else ""
+    if cell.short and cell.short != cell.text:
+        point = cell.short.split(" ")[0]
+        rest = cell.text[len(point):].strip() if cell.text.startswith(point) else cell.text
+        shown, detail = esc(point), f'<span class="ci">{esc(rest)}</span>'
+    else:
+        shown, detail = esc(cell.text), ""
+    return f"<td{attrs}>" + (f"<b>{shown}</b>" if cell.bold else shown) + detail + "</td>"
 
 
 def render_csv(table: Table) -> str:

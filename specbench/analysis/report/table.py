@@ -65,7 +65,7 @@ def nanmean(values: Sequence[float]) -> float:
 class Cell(NamedTuple):
     text: str
     bold: bool = False
-    short: str = ""  # the page's compact form (a point without its interval), the full text on hover; "" = text
+    short: str = ""  # the page's compact form (the point first, its interval and n in small type below); "" = text
 
 
 @dataclass

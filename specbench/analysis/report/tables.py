@@ -97,7 +97,7 @@ def streams_table(cells: pd.DataFrame, methods: pd.DataFrame, provenance: Sequen
 
 def _spd_cell(spd: float, lo: float, hi: float, n, loaded: bool, dirty: bool = False, bold: bool = False) -> Cell:
     """'0.91× [0.88, 0.94] (n=24)', with the under-load and dirty-tree marks; on the page '0.91×' and the marks
-    (the interval and n on hover)."""
+    (the interval and n in small type below it)."""
     if not finite(spd):
         return Cell(DASH, bold)
     marks = (f" {MARK}" if loaded else "") + (f" {DIRTY}" if dirty else "")

@@ -1,0 +1,70 @@
+"""The page's leaderboard, in Spec-Bench's layout: one row per method, one column per setting (target, dtype,
+temperature, and the machine by its short name), each cell the method's mean speedup over vanilla with its 95%
+interval and τ in plain view (a phone has no hover), coloured by verdict. Rows are sorted by the headline
+setting's speedup; the page's script sorts any column on a click."""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Sequence
+
+from specbench.analysis.report.verdicts import Setting
+from specbench.analysis.report.table import finite, fmt_spd
+
+
+def headline_setting(found: Sequence[Setting]) -> Setting | None:
+    """The setting the page leads with: the first (settings come ordered: T = 0 first, most methods first)."""
+    return found[0] if found else None
+
+
+def headline_sentence(found: Sequence[Setting]) -> str:
+    """One sentence for the top of the page: the headline setting's verdict, and how much more there is."""
+    head = headline_setting(found)
+    if head is None:
+        return "No method has a mean speedup in these records."
+    machines = {s.machine for s in found if s.machine}
+    rest = len(found) - 1
+    more = (f" The leaderboard adds {rest} more setting{'s' if rest != 1 else ''}"
+            + (f" on {len(machines)} machines" if len(machines) > 1 else "") + ".") if rest else ""
+    return f"{head.title} — {head.headline()}{more}"
+
+
+def _rows(found: Sequence[Setting]) -> list[str]:
+    """Every method label, sorted by its speedup in the headline setting (fastest first), then the methods that
+    setting lacks by their best speedup elsewhere."""
+    head = {b.label: b.speedup for b in found[0].bars}
+    best: dict[str, float] = {}
+    for s in found:
+        for b in s.bars:
+            best[b.label] = max(best.get(b.label, -math.inf), b.speedup)
+    return sorted(best, key=lambda m: (m not in head, -head.get(m, best[m]), m))
+
+
+def leaderboard_html(found: Sequence[Setting]) -> str:
+    """The leaderboard table (class ``data leaderboard``; each cell's ``data-v`` is its speedup, what the sort
+    compares) and a line naming the settings' full titles and anchors."""
+    if not found:
+        return ""
+    esc = html.escape
+    heads = "".join(f'<th><a href="#{s.anchor}">{esc(s.short_title)}</a>'
+                    + (f'<span class="hw">{esc(s.machine)}</span>' if s.machine else "") + "</th>" for s in found)
+    out = ['<div class="wide"><table class="data leaderboard"><thead>',
+           f'<tr><th class="l">Method</th><th class="l">Family</th>{heads}</tr></thead><tbody>']
+    by_setting = [{b.label: b for b in s.bars} for s in found]
+    families = {b.label: b.family for s in found for b in s.bars}
+    for label in _rows(found):
+        cells = []
+        for bars in by_setting:
+            bar = bars.get(label)
+            if bar is None:
+                cells.append('<td data-v="">—</td>')
+                continue
+            interval = f"[{bar.lo:.2f}, {bar.hi:.2f}]" if finite(bar.lo) and finite(bar.hi) else "no interval"
+            tau = f" · τ {bar.tau:.2f}" if finite(bar.tau) else ""
+            cells.append(f'<td data-v="{bar.speedup:.4f}" class="{bar.verdict}"><span class="pt">'
+                         f'{fmt_spd(bar.speedup)}</span><span class="ci">{interval}{tau}</span></td>')
+        out.append(f'<tr><td class="l">{esc(label)}</td><td class="l fam">{esc(families.get(label, ""))}</td>'
+                   + "".join(cells) + "</tr>")
+    out.append("</tbody></table></div>")
+    return "".join(out)
