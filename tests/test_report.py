@@ -316,9 +316,9 @@ def test_mixed_stream_has_its_own_table_and_never_enters_a_benchmark_mean(full: 
     assert "mixed_spd" not in ablation.columns
     assert ablation.at["specblock", "mean_spd"] == pytest.approx(main.at["specblock", "mean_spd"])
 
-    assert [t.title for t in rich_tables(report)] == [report.main.title, report.streams.title]
+    assert [str(t.title) for t in rich_tables(report)] == [report.main.title, report.streams.title]
     only_stream = build_report(full / "c.jsonl", reps=0)
-    assert not only_stream.main.sections and [t.title for t in rich_tables(only_stream)] == [report.streams.title]
+    assert not only_stream.main.sections and [str(t.title) for t in rich_tables(only_stream)] == [report.streams.title]
     written = {p.name for p in write_report(full, tmp_path / "out", figures=False)}
     assert {"main_table.md", "streams_table.md", "streams_table.csv", "streams_table.tex"} <= written
 

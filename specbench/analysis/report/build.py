@@ -208,9 +208,10 @@ def _rich(table: Table):
     from rich.table import Table as RichTable
     from rich.text import Text
 
-    rich = RichTable(title=table.title, caption="\n".join(table.provenance), caption_justify="left")
+    # Text, not markup: a hardware string's "[family 25 model 17, ...]" would read as a style tag and vanish
+    rich = RichTable(title=Text(table.title), caption=Text("\n".join(table.provenance)), caption_justify="left")
     for head, align in zip(flat_headers(table), table.align):
-        rich.add_column(head, justify="left" if align == "l" else "right")
+        rich.add_column(Text(head), justify="left" if align == "l" else "right")
     for s, (label, rows) in enumerate(table.sections):
         if s:
             rich.add_section()

@@ -252,7 +252,9 @@ def tradeoff_figure(points: pd.DataFrame, title: str) -> Figure:
     labels are set apart where they would overprint each other (``_label_points``)."""
     from specbench.analysis.report.verdicts import COLORS, Bar
 
-    fig, (ax,) = _figure(title)
+    fig, (ax,) = _figure(title, width=9.6 if len(points) > 12 else 6.4)
+    if len(points) > 12:  # room for the labels of a crowded block
+        fig.set_figheight(6.4)
     for method, row in points.iterrows():
         color = COLORS[Bar(str(method), row.speedup, row.lo, row.hi).verdict]
         low = max(row.speedup - row.lo, 0.0) if math.isfinite(row.lo) else 0.0
@@ -266,17 +268,21 @@ def tradeoff_figure(points: pd.DataFrame, title: str) -> Figure:
 
 
 def _label_points(fig: Figure, ax, xs: Sequence[float], ys: Sequence[float], labels: Sequence[str]) -> None:
-    """A label beside each point, moved up or down (with a leader line) until it overlaps no label placed before
-    it, highest points first; the layout is solved first so that pixel positions are final."""
+    """A label beside each point, right or left of it and moved up or down (with a leader line) until it overlaps
+    no label placed before it, highest points first; the layout is solved first so that pixel positions are
+    final. A label with no free place within reach keeps the last one tried."""
     renderer = FigureCanvasAgg(fig).get_renderer()  # the canvas the PNG is drawn on (a bare Figure has none)
     fig.draw_without_rendering()
+    steps = [0] + [s for k in range(1, 16) for s in (-k, k)]
+    places = [(side, step) for step in steps for side in (1, -1)]
     placed = []
     for i in sorted(range(len(xs)), key=lambda k: (-ys[k], xs[k])):
-        for step in (0, -1, 1, -2, 2, -3, 3, -4, 4, -5, 5, -6, 6):
-            note = ax.annotate(labels[i], (xs[i], ys[i]), xytext=(7, 10 * step - 3), textcoords="offset points",
-                               fontsize=8, arrowprops=dict(arrowstyle="-", color="#999", lw=0.6) if step else None)
-            box = label_box(note, renderer).expanded(1.02, 1.1)
-            if not any(box.overlaps(other) for other in placed) or step == 6:
+        for n, (side, step) in enumerate(places):
+            note = ax.annotate(labels[i], (xs[i], ys[i]), xytext=(7 * side, 9 * step - 3), textcoords="offset points",
+                               ha="left" if side > 0 else "right", fontsize=7.5,
+                               arrowprops=dict(arrowstyle="-", color="#999", lw=0.5) if step else None)
+            box = label_box(note, renderer).expanded(1.02, 1.08)
+            if not any(box.overlaps(other) for other in placed) or n == len(places) - 1:
                 placed.append(box)
                 break
             note.remove()

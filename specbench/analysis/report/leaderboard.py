@@ -41,13 +41,18 @@ def _rows(found: Sequence[Setting]) -> list[str]:
     return sorted(best, key=lambda m: (m not in head, -head.get(m, best[m]), m))
 
 
+def _stacked(title: str) -> str:
+    """A setting's title as a column heading: one line per part (target, dtype, temperature), none broken inside."""
+    return "<br/>".join(f'<span class="nw">{html.escape(part)}</span>' for part in title.split(" · "))
+
+
 def leaderboard_html(found: Sequence[Setting]) -> str:
     """The leaderboard table (class ``data leaderboard``; each cell's ``data-v`` is its speedup, what the sort
     compares) and a line naming the settings' full titles and anchors."""
     if not found:
         return ""
     esc = html.escape
-    heads = "".join(f'<th><a href="#{s.anchor}">{esc(s.short_title)}</a>'
+    heads = "".join(f'<th><a href="#{s.anchor}">{_stacked(s.short_title)}</a>'
                     + (f'<span class="hw">{esc(s.machine)}</span>' if s.machine else "") + "</th>" for s in found)
     out = ['<div class="wide"><table class="data leaderboard"><thead>',
            f'<tr><th class="l">Method</th><th class="l">Family</th>{heads}</tr></thead><tbody>']
@@ -61,9 +66,9 @@ def leaderboard_html(found: Sequence[Setting]) -> str:
                 cells.append('<td data-v="">—</td>')
                 continue
             interval = f"[{bar.lo:.2f}, {bar.hi:.2f}]" if finite(bar.lo) and finite(bar.hi) else "no interval"
-            tau = f" · τ {bar.tau:.2f}" if finite(bar.tau) else ""
+            tau = f'<span class="ci">τ {bar.tau:.2f}</span>' if finite(bar.tau) else ""
             cells.append(f'<td data-v="{bar.speedup:.4f}" class="{bar.verdict}"><span class="pt">'
-                         f'{fmt_spd(bar.speedup)}</span><span class="ci">{interval}{tau}</span></td>')
+                         f'{fmt_spd(bar.speedup)}</span><span class="ci">{interval}</span>{tau}</td>')
         out.append(f'<tr><td class="l">{esc(label)}</td><td class="l fam">{esc(families.get(label, ""))}</td>'
                    + "".join(cells) + "</tr>")
     out.append("</tbody></table></div>")

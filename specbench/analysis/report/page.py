@@ -47,7 +47,7 @@ background:#f6f8fa}.ci{display:block;white-space:normal;font-size:10.5px;color:#
 th.sort{cursor:pointer}th.sort:after{content:" ⇅";color:#8c959f;font-weight:400}
 th[data-dir=down]:after{content:" ↓"}th[data-dir=up]:after{content:" ↑"}
 table.leaderboard th{white-space:normal;min-width:6.5em;max-width:11em;vertical-align:bottom}
-table.leaderboard th a{color:#1f2328;text-decoration:none}.hw{display:block;color:#57606a;font-weight:400;font-size:11px}
+table.leaderboard th a{color:#1f2328;text-decoration:none}.nw{white-space:nowrap}.hw{display:block;color:#57606a;font-weight:400;font-size:11px}
 table.leaderboard td .pt{font-weight:600}table.leaderboard .fam{color:#57606a}
 details{font-size:12px;color:#57606a;margin:2px 0 8px}details ul{margin:4px 0;padding-left:20px}
 .figures{display:flex;flex-wrap:wrap;gap:14px}figure{margin:0;flex:0 1 660px}figure img{max-width:100%;height:auto}
