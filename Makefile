@@ -34,7 +34,8 @@ setup-suffix: $(PY)
 setup-browser:
 	@if command -v chromium >/dev/null 2>&1; then echo "chromium: $$(command -v chromium)"; \
 	elif ! command -v apt-get >/dev/null 2>&1; then echo "no apt-get: install Chromium by hand for the browser test"; \
-	else SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); export DEBIAN_FRONTEND=noninteractive; \
+	elif [ "$$(id -u)" != 0 ] && ! sudo -n true 2>/dev/null; then echo "not root: sudo apt-get install chromium for the browser test"; \
+	else SUDO=$$([ "$$(id -u)" = 0 ] || echo "sudo -n"); export DEBIAN_FRONTEND=noninteractive; \
 		$$SUDO apt-get install -y -q chromium >/dev/null || { $$SUDO apt-get update -q >/dev/null && \
 		$$SUDO apt-get install -y -q chromium >/dev/null; }; fi
 
