@@ -159,8 +159,12 @@ def main() -> None:
     ap.add_argument("--run-minutes", type=float, default=10.0, help="time budget of each run's draws")
     ap.add_argument("--tokens", type=int, default=3, help="committed tokens per draw (K)")
     ap.add_argument("--no-controls", action="store_true")
+    ap.add_argument("--through", default="", help="only the control runs through these methods (comma-separated), "
+                    "e.g. sps")
     ap.add_argument("--prompt", default=PROMPT, help="plain-text prompt (no chat template); each row records its own. "
                     "The controls have power only where drafts are often accepted: a predictable prompt helps")
+    ap.add_argument("--control-draft", default="", help="SpS's draft model for the controls run through SpS (its "
+                    "draft option, e.g. truncated:24): a draft the target often accepts gives them power")
     ap.add_argument("--out", default="reports/t1_end_to_end_table.md")
     args = ap.parse_args()
     registered = list(available_methods())
@@ -185,12 +189,14 @@ def main() -> None:
     prompt = target.tokenizer(args.prompt).input_ids
     law = ExactLaw(target, prompt, T1, max_rows=2048)
     runs = [(None, m, None) for m in sorted(methods, key=lambda m: (m != VANILLA, m))]
-    runs += [] if args.no_controls else CONTROL_RUNS
+    through = [m for m in args.through.split(",") if m]
+    runs += [] if args.no_controls else [run for run in CONTROL_RUNS if not through or run[1] in through]
     command = "python bench/t1_end_to_end.py " + " ".join(sys.argv[1:])
     for control, name, rule in runs:
-        label = name + (f" (rule {rule.value})" if rule else "")
+        options = {"draft": args.control_draft} if control and name == "sps" and args.control_draft else {}
+        label = name + "".join(f"@{k}={v}" for k, v in options.items()) + (f" (rule {rule.value})" if rule else "")
         try:
-            drafter = create_drafter(name)
+            drafter = create_drafter(name, options)
             drafter.setup(target)
         except SpecbenchError as exc:
             print(f"{label}: skipped ({exc})", file=sys.stderr)
