@@ -48,7 +48,7 @@ def _stacked(title: str) -> str:
 
 def leaderboard_html(found: Sequence[Setting]) -> str:
     """The leaderboard table (class ``data leaderboard``; each cell's ``data-v`` is its speedup, what the sort
-    compares) and a line naming the settings' full titles and anchors."""
+    compares); each heading links the setting's verdict card."""
     if not found:
         return ""
     esc = html.escape
@@ -57,7 +57,10 @@ def leaderboard_html(found: Sequence[Setting]) -> str:
     out = ['<div class="wide"><table class="data leaderboard"><thead>',
            f'<tr><th class="l">Method</th><th class="l">Family</th>{heads}</tr></thead><tbody>']
     by_setting = [{b.label: b for b in s.bars} for s in found]
-    families = {b.label: b.family for s in found for b in s.bars}
+    families: dict[str, str] = {}
+    for s in found:  # a family named by any setting (files made before the header recorded it name none)
+        for b in s.bars:
+            families[b.label] = families.get(b.label) or b.family
     for label in _rows(found):
         cells = []
         for bars in by_setting:
