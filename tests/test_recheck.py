@@ -185,6 +185,24 @@ def test_recheck_refuses_in_one_line(models, tmp_path, capsys):
     assert code == 2 and "--exact-dtype" in err
 
 
+def test_the_exact_dtypes_recheck_takes_are_those_the_rescorer_runs():
+    """--exact-dtype's declared choices (what the command and recheck() refuse by) are the rescorer's dtypes."""
+    import typing
+
+    import pytest
+
+    from specbench.engine.rescore import EXACT_DTYPES
+    from specbench.options import declared_by_name
+    from specbench.run.recheck import check_flags
+    from specbench.errors import SpecbenchError
+    from specbench.run.tool_configs import RecheckConfig
+
+    assert typing.get_args(declared_by_name(RecheckConfig)["exact_dtype"].element) == tuple(EXACT_DTYPES)
+    check_flags(None, None, "float64")
+    with pytest.raises(SpecbenchError, match="^--exact-dtype must be one of 'float32', 'float64'"):
+        check_flags(None, None, "float16")
+
+
 def test_recheck_leaves_fp32_and_sampled_files_to_their_rule(models, tmp_path, capsys):
     from test_cli import base_args
 

@@ -24,7 +24,7 @@ from specbench import commands, divergence
 from specbench.engine import VANILLA
 from specbench.engine.devices import resolve_device
 from specbench.engine.prompts import ChatFormat, render_chat
-from specbench.engine.rescore import EXACT_DTYPES, Rescorer
+from specbench.engine.rescore import Rescorer
 from specbench.engine.target import Target, resolve_dtype
 from specbench.errors import SpecbenchError
 from specbench.options import check_values, declared_by_name
@@ -33,7 +33,7 @@ from specbench.data.benchmarks import Prompt
 from specbench.data.results import hardware, read_results
 from specbench.data.safe_files import WriterLock, check_output, rewrite_results
 from specbench.data.streams import load_stream_prompts
-from specbench.run.run_config import RunConfig
+from specbench.run.tool_configs import RecheckConfig
 
 _PASS_SUFFIX = re.compile(r"#pass\d+$")  # build_queries' id of a prompt's second and later passes
 
@@ -229,10 +229,12 @@ def recheck_file(path: str | Path, targets: _Targets, device: str | None = None,
         lock.release()
 
 
-def check_flags(device: str | None, data_dir: str | None) -> None:
-    """``--device`` and ``--data-dir`` refused as `specbench run` refuses them (its declarations' checks), before
-    any file is read: a file without flips to re-score would otherwise never look at them."""
-    check_values({"device": device, "data_dir": data_dir}, declared_by_name(RunConfig), commands.label(RunConfig))
+def check_flags(device: str | None, data_dir: str | None, exact_dtype: str = "float32") -> None:
+    """``--device``, ``--data-dir`` and ``--exact-dtype`` refused by `specbench recheck`'s declarations (the same
+    checks `specbench run` makes of the first two), before any file is read: a file without flips to re-score
+    would otherwise never look at them."""
+    values = {"device": device, "data_dir": data_dir, "exact_dtype": exact_dtype}
+    check_values(values, declared_by_name(RecheckConfig), commands.label(RecheckConfig))
 
 
 def recheck(paths: list[Path], device: str | None = None, data_dir: str | None = None, again: bool = False,
@@ -240,9 +242,7 @@ def recheck(paths: list[Path], device: str | None = None, data_dir: str | None =
             other_machine: bool = False) -> list[Outcome]:
     """``recheck_file`` over ``paths``; a file that cannot be re-checked is reported to ``refused`` with its
     one-line reason and left as it was."""
-    if exact_dtype not in EXACT_DTYPES:
-        raise SpecbenchError(f"--exact-dtype must be {' or '.join(EXACT_DTYPES)} (got {exact_dtype!r})")
-    check_flags(device, data_dir)
+    check_flags(device, data_dir, exact_dtype)
     targets, out = _Targets(), []
     for path in paths:
         try:
