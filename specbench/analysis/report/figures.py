@@ -27,6 +27,7 @@ from specbench.records import DECODE_PHASES, GenerationRecord
 from specbench.analysis.report.names import (VANILLA, Block, MethodInfo, bench_key, bench_label, block_label,
                                              sweep_points)
 from specbench.analysis.report.stats import mean_over_benches
+from specbench.analysis.report.verdicts import COLORS, Bar
 
 # Stage colours: the engine's stages fixed; a drafter's own sub-phases of draft take the next free
 # colour in order of appearance.
@@ -213,9 +214,8 @@ def stage_figure(shares: dict[str, dict[str, float]], title: str) -> Figure:
     """A bar per method, split by stage; the figure grows with the methods (a bar each stays readable) and the stage
     legend sits below the axes, inside the canvas."""
     methods = list(shares)
-    fig = Figure(figsize=(6.4, max(3.2, 1.6 + 0.24 * len(methods))), layout="constrained")
-    ax = fig.subplots()
-    fig.suptitle(title)
+    fig, (ax,) = _figure(title)
+    fig.set_figheight(max(3.2, 1.6 + 0.24 * len(methods)))
     names = list(next(iter(shares.values())))  # every method has the block's stages, in order
     colors = stage_colors(names)
     left = [0.0] * len(methods)
@@ -250,8 +250,6 @@ def budget_figure(sweep: pd.DataFrame, title: str) -> Figure:
 def tradeoff_figure(points: pd.DataFrame, title: str) -> Figure:
     """Each method's mean speedup (bars: its 95% interval) against T_D%, coloured by verdict as on the page; the
     labels are set apart where they would overprint each other (``_label_points``)."""
-    from specbench.analysis.report.verdicts import COLORS, Bar
-
     fig, (ax,) = _figure(title, width=9.6 if len(points) > 12 else 6.4)
     if len(points) > 12:  # room for the labels of a crowded block
         fig.set_figheight(6.4)

@@ -13,16 +13,12 @@ from specbench.analysis.report.verdicts import Setting
 from specbench.analysis.report.table import finite, fmt_spd
 
 
-def headline_setting(found: Sequence[Setting]) -> Setting | None:
-    """The setting the page leads with: the first (settings come ordered: T = 0 first, most methods first)."""
-    return found[0] if found else None
-
-
 def headline_sentence(found: Sequence[Setting]) -> str:
-    """One sentence for the top of the page: the headline setting's verdict, and how much more there is."""
-    head = headline_setting(found)
-    if head is None:
+    """One sentence for the top of the page: the first setting's verdict (settings come ordered: T = 0 first, most
+    methods first), and how much more there is."""
+    if not found:
         return "No method has a mean speedup in these records."
+    head = found[0]
     machines = {s.machine for s in found if s.machine}
     rest = len(found) - 1
     more = (f" The leaderboard adds {rest} more setting{'s' if rest != 1 else ''}"

@@ -92,10 +92,8 @@ def _table_section(table: Table) -> str:
     name = html.escape(table.name)
     files = " · ".join(f'<a href="{name}.{ext}">{label}</a>' for ext, label in (("csv", "CSV"), ("md", "Markdown"),
                                                                                ("tex", "LaTeX")))
-    body = render_html(table)
-    heading_end = body.index("</h2>") + len("</h2>")
-    return (f'<section class="table">{body[:heading_end]}<p class="files">This table as {files}</p>'
-            f"{body[heading_end:]}</section>")
+    links = f'<p class="files">This table as {files}</p>'
+    return f'<section class="table">{render_html(table, links)}</section>'
 
 
 def _figure(png: Path, caption: str, base: Path | None) -> str:

@@ -76,12 +76,13 @@ def render_latex(table: Table) -> str:
     return "\n".join(out) + "\n"
 
 
-def render_html(table: Table) -> str:
+def render_html(table: Table, under_heading: str = "") -> str:
     """A heading (anchored by the table's name), a <table> with a grouped header and section rows, then the notes
     and provenance folded away (no external assets). A cell with a compact form shows its point, and its
-    interval and n in small type below it."""
+    interval and n in small type below it. ``under_heading``: HTML set between the heading and the table."""
     esc = html.escape
-    out = [f'<h2 id="{esc(table.name)}">{esc(table.title)}</h2>', '<div class="wide"><table class="data">', "<thead>"]
+    out = [f'<h2 id="{esc(table.name)}">{esc(table.title)}</h2>' + under_heading, '<div class="wide"><table class="data">',
+           "<thead>"]
     if table.groups:
         out.append("<tr>" + "".join(f'<th colspan="{span}">{esc(label)}</th>' for label, span in table.groups)
                    + "</tr>")
