@@ -17,7 +17,7 @@ The table accumulates across invocations: rows of runs not made this time are ke
 sessions (``--methods a,b``, ``--no-methods`` for the controls alone).
 
 Usage: python bench/t1_end_to_end.py [--methods sps,eagle3 | --no-methods] [--draws 1500] [--run-minutes 10]
-       [--tokens 3] [--no-controls] [--out reports/t1_end_to_end_table.md]
+       [--tokens 3] [--no-controls] [--control-sps draft=truncated:30@draft_temperature=0.5] [--out reports/t1_end_to_end_table.md]
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from specbench.engine.target import Target
 from specbench.engine.verify import SamplingParams, TreeRule
 from specbench.engine.walk_controls import CONTROLS, REACHED_BY
 from specbench.errors import SpecbenchError
+from specbench.sides import parse_spec
 
 warnings.filterwarnings("ignore")
 PROMPT = "Once upon a time, there was a"  # plain text, no chat template: the first tokens spread over many
@@ -163,8 +164,9 @@ def main() -> None:
                     "e.g. sps")
     ap.add_argument("--prompt", default=PROMPT, help="plain-text prompt (no chat template); each row records its own. "
                     "The controls have power only where drafts are often accepted: a predictable prompt helps")
-    ap.add_argument("--control-draft", default="", help="SpS's draft model for the controls run through SpS (its "
-                    "draft option, e.g. truncated:24): a draft the target often accepts gives them power")
+    ap.add_argument("--control-sps", default="", help="SpS's options for the controls run through SpS, as an --also "
+                    "spec's (e.g. draft=truncated:30@draft_temperature=0.5: the target as its own draft at another "
+                    "temperature): a draft the target often accepts, and often rejects, gives them power")
     ap.add_argument("--out", default="reports/t1_end_to_end_table.md")
     args = ap.parse_args()
     registered = list(available_methods())
@@ -190,10 +192,14 @@ def main() -> None:
     law = ExactLaw(target, prompt, T1, max_rows=2048)
     runs = [(None, m, None) for m in sorted(methods, key=lambda m: (m != VANILLA, m))]
     through = [m for m in args.through.split(",") if m]
+    try:
+        control_sps = parse_spec("sps" + (f"@{args.control_sps}" if args.control_sps else ""), "--control-sps")
+    except SpecbenchError as exc:
+        fail(str(exc))
     runs += [] if args.no_controls else [run for run in CONTROL_RUNS if not through or run[1] in through]
     command = "python bench/t1_end_to_end.py " + " ".join(sys.argv[1:])
     for control, name, rule in runs:
-        options = {"draft": args.control_draft} if control and name == "sps" and args.control_draft else {}
+        options = dict(control_sps.options) if control and name == "sps" else {}
         label = name + "".join(f"@{k}={v}" for k, v in options.items()) + (f" (rule {rule.value})" if rule else "")
         try:
             drafter = create_drafter(name, options)

@@ -1,6 +1,8 @@
 """End to end through the engine with tiny real models: greedy output equals the baseline token
 for token, and at T = 1 the committed tokens follow the target's exact distribution."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -84,9 +86,10 @@ def exact_first_two(target, prompt):
 
 @pytest.mark.parametrize("make", [
     lambda: SpSDrafter(SpSOptions(gamma=3), model=tiny_llama(5, vocab=V, init=0.3)),
+    lambda: SpSDrafter(SpSOptions(gamma=3, draft_temperature=0.4), model=tiny_llama(5, vocab=V, init=0.3)),
     lambda: RandomTreeDrafter(RandomTreeOptions(nodes=5, seed=3)),
     lambda: SampledTreeDrafter(SampledTreeOptions(width=2, depth=2), model=tiny_llama(6, vocab=V, init=0.3)),
-], ids=["sps-chain", "random-tree-rule-A", "sampled-tree-rule-C"])
+], ids=["sps-chain", "sps-chain-draft-temperature", "random-tree-rule-A", "sampled-tree-rule-C"])
 def test_engine_sampling_matches_target_distribution(make):
     target = tiny_target(4, vocab=V, init=0.3)
     prompt = [1, 4, 2]
@@ -99,6 +102,24 @@ def test_engine_sampling_matches_target_distribution(make):
     stat, pvalue = chi2_pvalue(samples, exact_first_two(target, prompt))
     print(f"chi2={stat:.1f} p={pvalue:.3f} n={SAMPLES}")
     assert pvalue > 1e-3
+
+def test_sps_draft_temperature_changes_q_only():
+    """The target as its own draft: at the run's temperature q = p and every draft is accepted; at another
+    draft temperature some are rejected, and the committed tokens still follow p (the chi-square test above)."""
+    target = tiny_target(4, vocab=V, init=0.3)
+    config = GenerationConfig(max_new_tokens=12, sampling=SamplingParams(temperature=1.0))
+
+    def accepted(draft_temperature: float) -> tuple[int, int]:
+        drafter = ready(SpSDrafter(SpSOptions(gamma=3, draft_temperature=draft_temperature),
+                                   model=tiny_llama(4, vocab=V, init=0.3)), target)
+        records = [generate(target, drafter, [1, 4, 2], dataclasses.replace(config, seed=s)) for s in range(20)]
+        return sum(sum(r.accept_lengths[:-1]) for r in records), sum(3 * (len(r.accept_lengths) - 1) for r in records)
+
+    same, drafted = accepted(0.0)
+    assert drafted > 0 and same == drafted
+    sharp, drafted = accepted(0.3)
+    assert 0 < sharp < drafted
+
 
 def test_seeded_sampling_is_reproducible():
     target = tiny_target(4, vocab=V, init=0.3)

@@ -25,6 +25,7 @@ import dataclasses
 import functools
 
 import numpy as np
+import torch
 import pytest
 from scipy.stats import chi2, ncx2
 
@@ -243,3 +244,27 @@ def test_shipped_drafters_commit_the_real_targets_law(name):
     result = judge_draws(draws, ExactLaw(target, prompt, params))
     report(result, name)
     assert result.p_value > SIGNIFICANCE and result.impossible == 0 and result.mean_accepted > 0
+
+
+def test_the_sibling_bias_reaches_only_walks_past_a_rejected_sibling():
+    """Under rule B the control's walk equals the real one on a chain (no sibling is ever tried after a
+    rejected one) and differs on a tree whose first child is often rejected."""
+    from specbench.engine import verify
+    from specbench.engine.tree import DraftTree
+
+    probs = torch.tensor([[0.3, 0.3, 0.2, 0.2], [0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25],
+                          [0.4, 0.3, 0.2, 0.1]])
+
+    def walks(tree: DraftTree) -> list[tuple[list[int], int]]:
+        out = []
+        for seed in range(300):
+            result = verify.recursive_rejection(tree, probs[: len(tree) + 1], torch.Generator().manual_seed(seed))
+            out.append((result.accepted, result.bonus))
+        return out
+
+    chain, tree = DraftTree.chain([1, 2, 3]), DraftTree(torch.tensor([0, 1, 3]), torch.tensor([-1, -1, 0]))
+    honest = walks(chain), walks(tree)
+    with CONTROLS["sibling-bias"]():
+        biased = walks(chain), walks(tree)
+    assert biased[0] == honest[0]
+    assert sum(a != b for a, b in zip(biased[1], honest[1])) > 30

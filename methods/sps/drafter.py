@@ -21,6 +21,7 @@ adaptive schedules, whose chain lengths are per request, draft through the per-r
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
@@ -47,9 +48,13 @@ from methods.weights_options import draft_model_weights
 @dataclass
 class SpSOptions(draft_model_weights(
         "Draft model: a folder, .gguf file or hub id org/name[@rev]; truncated:N = the target's first N layers "
-        "(untrained, weak: a starting point for distillation); empty = the shipped one for the target.")):
+        "(untrained, weak: a starting point for distillation; N = all of them: a copy of the target); empty = the "
+        "shipped one for the target.")):
     gamma: int = option(5, "Chain length: tokens drafted per verify call.", ge=1, tokens=True)
     dtype: str = option("", "Draft dtype; empty = the target's.")
+    draft_temperature: float = option(
+        0.0, "Temperature of the draft's sampled chain (its q) when the run samples; 0 = the run's. Any q keeps "
+             "SpS lossless: it changes only how often drafts are accepted.", ge=0)
     schedule: Literal["fixed", "heuristic", "heuristic_transient"] = option(
         "fixed", "Chain length per step: fixed = gamma; heuristic = transformers' assisted generation (start at gamma, "
                  "+2 after a chain accepted whole, -1 otherwise, carried across turns); heuristic_transient = the "
@@ -85,8 +90,8 @@ def truncated_copy(target: Target, spec: str):
         n = int(spec.split(":", 1)[1])
     except ValueError:
         raise SpecbenchError(f"sps: draft={spec!r} must be truncated:N with an integer N") from None
-    if not 1 <= n < target.num_layers:
-        raise SpecbenchError(f"sps: truncated:N needs 1 <= N < {target.num_layers} (the target's layers)")
+    if not 1 <= n <= target.num_layers:
+        raise SpecbenchError(f"sps: truncated:N needs 1 <= N <= {target.num_layers} (the target's layers)")
     model = copy.deepcopy(target.model)
     model.model.layers = model.model.layers[:n]
     model.config.num_hidden_layers = n
@@ -180,7 +185,10 @@ class SpSDrafter(Drafter):
         """The next draft token and, when sampled, the distribution q it was drawn from."""
         if state.params.greedy:
             return int(logits.argmax()), None
-        q = logits_to_probs(logits.unsqueeze(0), state.params)[0]
+        params = state.params
+        if getattr(self.options, "draft_temperature", 0.0):  # the run's filters, at the draft's own temperature
+            params = dataclasses.replace(params, temperature=self.options.draft_temperature)
+        q = logits_to_probs(logits.unsqueeze(0), params)[0]
         return draw(q, state.generator), q
 
     def _stop(self, drafts: list[int], logits: torch.Tensor, state: DecodeState) -> bool:

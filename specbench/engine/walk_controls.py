@@ -8,11 +8,13 @@ the wrong tokens; rule A (sample and match, every deterministic tree by default)
   by inverse CDF from the unnormalised residual, falling back to that law when its uniform runs past beta,
   commits). The bonus then follows r + (1 - beta) p instead of r / beta. Reached by rule C at every
   rejection (chains too) and rule B after each rejected sibling.
-* ``biased_after_rejected_sibling``: the target rows of every node that is not its parent's first child,
-  the rows a walk of rule B or C reaches only after rejecting an earlier sibling, are sharpened (p^4,
-  renormalised). Reached only by trees with siblings under rule B or C: no registered method's trees by
-  default (their sampled trees are chains, their trees with siblings get rule A), deterministic trees
-  verified with ``tree_rule=B``, and sampled trees with siblings.
+* ``biased_after_rejected_sibling``: what a walk reads only after rejecting an earlier sibling is sharpened
+  (x^4, renormalised): the target rows of every node that is not its parent's first child (rules B and C),
+  and under rule B the residual a later sibling is tested against. Reached only by trees with siblings under
+  rule B or C: no registered method's trees by default (their sampled trees are chains, their trees with
+  siblings get rule A), deterministic trees verified with ``tree_rule=B``, and sampled trees with siblings.
+  The residual's part is what gives it power on a real target, where a later sibling is seldom accepted
+  and the rows below it are reached seldom; rule B's wrong copy below carries it.
 * ``reused_uniform``: the bonus draw reuses the uniform of the last accept test instead of a fresh one
   (inverse CDF of the same number). Reached by rule C at every step and by rule B.
 
@@ -64,20 +66,43 @@ def later_siblings(tree: DraftTree) -> list[int]:
     return later
 
 
+def _sharpened(probs: torch.Tensor) -> torch.Tensor:
+    sharp = probs ** 4  # read at a quarter of the temperature
+    return sharp / sharp.sum(-1, keepdim=True)
+
+
 def _sharpening_later_siblings(rule):
     def biased(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None = None):
         rows = torch.tensor(later_siblings(tree), dtype=torch.long) + 1
         if rows.numel():
             probs = probs.clone()
-            sharp = probs[rows] ** 4  # the rows read at a quarter of the temperature
-            probs[rows] = sharp / sharp.sum(-1, keepdim=True)
+            probs[rows] = _sharpened(probs[rows])
         return rule(tree, probs, generator)
     return biased
 
 
+def _rule_b_sharpening_later_tests(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None = None):
+    """A wrong copy of ``verify.recursive_rejection``: a sibling tried after a rejected one is tested against
+    the residual sharpened, not the residual (the bonus still comes from the residual)."""
+    node, accepted = -1, []
+    while True:
+        residual = probs[node + 1].clone()
+        moved = False
+        for tried, (token, child) in enumerate(tree.children.get(node, {}).items()):
+            law = _sharpened(residual) if tried else residual
+            if verify._uniform(generator) < float(law[token]):
+                accepted.append(child)
+                node, moved = child, True
+                break
+            residual[token] = 0.0
+            residual = verify._normalise(residual, probs[node + 1])
+        if not moved:
+            return verify.WalkResult(accepted, verify.draw(residual, generator))
+
+
 @contextmanager
 def biased_after_rejected_sibling() -> Iterator[None]:
-    with _patched({"recursive_rejection": _sharpening_later_siblings(verify.recursive_rejection),
+    with _patched({"recursive_rejection": _sharpening_later_siblings(_rule_b_sharpening_later_tests),
                    "multi_draft_rejection": _sharpening_later_siblings(verify.multi_draft_rejection)}):
         yield
 
