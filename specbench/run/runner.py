@@ -42,14 +42,14 @@ from specbench.engine.loop import GenerationConfig, generate, generate_turns
 from specbench.engine.compiled_forward import tuning_level
 from specbench.engine.batch_loop import BatchConfig, BatchRequest, generate_batch, generate_conversations
 from specbench.errors import SpecbenchError
-from specbench.options import check_context
 from specbench.data.part_files import find_parts, part_path
 from specbench.run.merge import merge_into, read_run
 from specbench.engine.prompts import ChatFormat, render_chat
 from specbench.engine.rescore import Rescorer
 from specbench.records import GenerationRecord
 from specbench.data.results import environment_metadata
-from specbench.run.store import RunStore
+from specbench.run.context_fit import TREE_SLACK, ContextFit
+from specbench.run.store import RunStore, already_exists
 from specbench.run.run_config import RunConfig
 from specbench.run.plan import PlannedSide, RunPlan
 from specbench.data.streams import Query
@@ -57,7 +57,6 @@ from specbench.engine.target import Target
 from specbench.engine import VANILLA as BASELINE
 from specbench.engine.verify import SamplingParams
 
-TREE_SLACK = 128  # room for a draft tree past max_new_tokens when checking the context window
 CONTINUOUS_CHUNK = 4  # --continuous: batches per chunk of the stream, so a chunk's draining tail is a small part of it
 
 
@@ -149,8 +148,7 @@ class Runner:
         mine = part_path(self.out, world.rank, world.size)
         existing = ([self.out] if self.out.exists() and self.out.stat().st_size > 0 else []) + find_parts(self.out)
         if existing and not (cfg.resume or cfg.overwrite):
-            raise SpecbenchError(f"{existing[0]} already exists; pass --resume to continue it, --overwrite to replace "
-                                 "it, or a new --out")
+            raise already_exists(existing[0])
         done = {}
         if cfg.resume:
             for path in existing:
@@ -182,11 +180,8 @@ class Runner:
         self.target = Target.load(cfg.target, cfg.dtype, distributed.rank_device(cfg.device, self.world),
                                   cfg.attn_implementation, cfg.target_revision, device_map=cfg.device_map,
                                   engine=cfg.engine)
-        if cfg.max_new_tokens + 1 > self.target.max_context:  # no prompt, however short, could be answered
-            raise SpecbenchError(f"--max-new-tokens {cfg.max_new_tokens} does not fit the target's context of "
-                                 f"{self.target.max_context} tokens with any prompt; pass a smaller --max-new-tokens")
-        for side in sides:  # chain lengths and tree budgets against the context, before any weights load
-            check_context(side.options, side.label, self.target.max_context, cfg.max_new_tokens)
+        self.fit = ContextFit(self.target.max_context, cfg.max_new_tokens, cfg.on_long_prompt)
+        self.fit.check_answerable((side.label, side.options) for side in sides)
         self.target.chat = ChatFormat(cfg.chat_template, cfg.chat_template_kwargs).resolve(
             self.target.tokenizer, self.target.name).check(self.target.tokenizer, cfg.system_prompt) \
             if self.target.tokenizer is not None else None
@@ -224,29 +219,13 @@ class Runner:
     def _fits(self, ids: list[int], prompt: Prompt) -> bool:
         """Whether the turn ``ids`` leaves room for --max-new-tokens and a draft tree; a turn that does not fails
         the run (--on-long-prompt fail) or is skipped with one line per prompt turn, however many sides skip it."""
-        need = self._need(len(ids))
-        context = self.target.max_context
-        if need <= context:
+        skip_line = self.fit.turn(len(ids), f"{self.bench}/{prompt.id}")
+        if skip_line is None:
             return True
-        where = f"{self.bench}/{prompt.id}"
-        if len(ids) + 1 + TREE_SLACK > context:  # no --max-new-tokens could help
-            msg = (f"prompt {where} alone is {len(ids)} tokens (+ {TREE_SLACK} tree slack) and the target's context "
-                   f"is {context}: no --max-new-tokens fits it")
-            fix = "pass --on-long-prompt skip or a target with a longer context"
-        else:
-            msg = (f"prompt {where} needs {need} tokens (prompt {len(ids)} + --max-new-tokens {self.cfg.max_new_tokens} "
-                   f"+ {TREE_SLACK} tree slack) but the target's context is {context}")
-            fix = f"pass --on-long-prompt skip or --max-new-tokens {context - len(ids) - TREE_SLACK} or less"
-        if self.cfg.on_long_prompt == "fail":
-            raise SpecbenchError(f"{msg}; {fix}")
         if (prompt.id, len(ids)) not in self.warned:  # the sides render the same turn alike: once for them all
             self.warned.add((prompt.id, len(ids)))
-            self.console.print(f"skipped: {msg}", markup=False, highlight=False, soft_wrap=True)
+            self.console.print(skip_line, markup=False, highlight=False, soft_wrap=True)
         return False
-
-    def _need(self, prompt_tokens: int) -> int:
-        """Context a turn of ``prompt_tokens`` needs: the prompt, --max-new-tokens and room for a draft tree."""
-        return prompt_tokens + self.cfg.max_new_tokens + TREE_SLACK
 
     def _skip(self, prompt_id: str) -> None:
         """Count a skipped prompt once, whichever sides and turns skip it."""
@@ -254,22 +233,12 @@ class Runner:
             self.skipped.append(prompt_id)
 
     def _check_a_prompt_fits(self) -> None:
-        """With --on-long-prompt skip, a run whose every prompt is past the context would write a file of no
-        records: refused (one line) before anything is generated. Only first turns are known before the run."""
-        if self.cfg.on_long_prompt != "skip" or self.target.tokenizer is None or not self.stream_prompts:
+        """Refuse a run whose every prompt is past the context (only first turns are known before the run)."""
+        if self.target.tokenizer is None or not self.stream_prompts:
             return
-        shortest = None
-        for prompt in self.stream_prompts:
-            ids = render_chat(self.target.tokenizer, [{"role": "user", "content": prompt.turns[0]}],
-                              self.cfg.system_prompt, self.target.chat)
-            if self._need(len(ids)) <= self.target.max_context:
-                return
-            shortest = len(ids) if shortest is None else min(shortest, len(ids))
-        context, room = self.target.max_context, self.target.max_context - shortest - TREE_SLACK
-        fix = f"pass --max-new-tokens {room} or less" if room >= 1 else "pick a target with a longer context"
-        raise SpecbenchError(f"every prompt of {self.bench} is past the target's context of {context} tokens (the "
-                             f"shortest is {shortest} tokens, + --max-new-tokens {self.cfg.max_new_tokens} + "
-                             f"{TREE_SLACK} tree slack), so nothing would be recorded; {fix}")
+        self.fit.check_some_prompt_fits((len(render_chat(self.target.tokenizer, [{"role": "user", "content": p.turns[0]}],
+                                                         self.cfg.system_prompt, self.target.chat))
+                                         for p in self.stream_prompts), self.bench)
 
     def _reserve_cache(self) -> None:
         """The compiled engine's static cache sized once for the longest conversation of the stream (its turns

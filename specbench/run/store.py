@@ -47,6 +47,12 @@ def _same_older_run(meta: dict, expected_hash: str | None) -> bool:
     return ident is not None and config_hash(ident) == expected_hash
 
 
+def already_exists(path: Path) -> SpecbenchError:
+    """The refusal of an output that holds records when neither --resume nor --overwrite was given."""
+    return SpecbenchError(f"{path} already exists; pass --resume to continue it, --overwrite to replace it, or a new "
+                          "--out")
+
+
 class RunStore:
     """One results file: ``open`` checks resume compatibility and returns the finished keys.
 
@@ -78,8 +84,7 @@ class RunStore:
                 if resume:
                     self._load_existing()
                 elif not overwrite:
-                    raise SpecbenchError(f"{self.path} already exists; pass --resume to continue it, "
-                                         "--overwrite to replace it, or a new --out")
+                    raise already_exists(self.path)
                 else:
                     self.replacing = True
             self._open(append=existing and resume)
