@@ -23,7 +23,7 @@ from typing import Any, Literal, Optional
 
 from specbench import commands
 from specbench.engine import DEFAULT_TARGET, MAX_BATCH, VANILLA as BASELINE
-from specbench.options import data_dir_option, device_option, internal, option, validate as validate_options
+from specbench.options import data_dir_option, device_option, internal, like, option, validate as validate_options
 from specbench.errors import SpecbenchError
 from specbench.sides import Side, recorded_sides
 
@@ -298,8 +298,8 @@ class ReproduceConfig:
     device: str = device_option()
     dtype: Optional[str] = option(None, "Override the preset's dtype.", check=DTYPE)
     engine: Literal["eager", "compiled"] = option("eager", "eager or compiled (as for `specbench run`).")
-    max_new_tokens: Optional[int] = option(None, "Override (or supply, where the paper states none) max new tokens.",
-                                           ge=1, tokens=True)
+    max_new_tokens: Optional[int] = like(RunConfig, "max_new_tokens", default=None,
+                                         help="Override (or supply, where the paper states none) max new tokens.")
     temperature: Optional[float] = option(None, "Run only this temperature instead of the preset's (0 = greedy).",
                                           ge=0, note="0 is greedy")
     drafter: dict = option({}, "METHOD=PATH_OR_HUB_ID: a drafter for a method the preset cannot name (repeatable).",
@@ -323,8 +323,8 @@ class ParityConfig:
                                excludes=("options", "out", "reference_src"))
     bench: str = option("humaneval", "Benchmark name or a .jsonl file.")
     limit: int = option(12, "First N prompts.", ge=1)
-    max_new_tokens: int = option(128, "New tokens per prompt (cut at EOS).", ge=2, tokens=True,
-                                 note="the first token comes from the prefill, decoding starts at the second")
+    max_new_tokens: int = like(RunConfig, "max_new_tokens", help="New tokens per prompt (cut at EOS).", ge=2,
+                               note="the first token comes from the prefill, decoding starts at the second")
     target: str = option(DEFAULT_TARGET, "Target (as for `specbench run`).")
     device: str = device_option("cpu", "cpu, cuda or cuda:N (cuda writes under results/gpu/).")
     dtype: str = option("float32", "float32 (exact text) or bfloat16.", check=DTYPE)
