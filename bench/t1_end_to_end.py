@@ -17,7 +17,8 @@ The table accumulates across invocations: rows of runs not made this time are ke
 sessions (``--methods a,b``, ``--no-methods`` for the controls alone).
 
 Usage: python bench/t1_end_to_end.py [--methods sps,eagle3 | --no-methods] [--draws 1500] [--run-minutes 10]
-       [--tokens 3] [--no-controls] [--control-sps draft=truncated:30@draft_temperature=0.5] [--out reports/t1_end_to_end_table.md]
+       [--tokens 3] [--no-controls] [--controls unnormalised-residual]
+       [--control-sps draft=truncated:30@draft_temperature=0.5] [--out reports/t1_end_to_end_table.md]
 """
 
 from __future__ import annotations
@@ -162,6 +163,8 @@ def main() -> None:
     ap.add_argument("--no-controls", action="store_true")
     ap.add_argument("--through", default="", help="only the control runs through these methods (comma-separated), "
                     "e.g. sps")
+    ap.add_argument("--controls", default="", help="only these controls (comma-separated names of "
+                    "specbench/engine/walk_controls.py)")
     ap.add_argument("--prompt", default=PROMPT, help="plain-text prompt (no chat template); each row records its own. "
                     "The controls have power only where drafts are often accepted: a predictable prompt helps")
     ap.add_argument("--control-sps", default="", help="SpS's options for the controls run through SpS, as an --also "
@@ -178,6 +181,9 @@ def main() -> None:
         fail(f"--draws must be >= {MIN_DRAWS}, --run-minutes > 0 and --tokens in [2, 8]")
     if args.no_methods and args.no_controls:
         fail("--no-methods and --no-controls leave nothing to run")
+    only = [c for c in args.controls.split(",") if c]
+    if any(c not in CONTROLS for c in only):
+        fail(f"unknown control in --controls {args.controls!r}; the controls: {', '.join(CONTROLS)}")
     out = Path(args.out)
     if out.suffix != ".md":
         fail(f"--out {out} must end in .md (the CSV goes beside it)")
@@ -196,7 +202,8 @@ def main() -> None:
         control_sps = parse_spec("sps" + (f"@{args.control_sps}" if args.control_sps else ""), "--control-sps")
     except SpecbenchError as exc:
         fail(str(exc))
-    runs += [] if args.no_controls else [run for run in CONTROL_RUNS if not through or run[1] in through]
+    runs += [] if args.no_controls else [run for run in CONTROL_RUNS if (not through or run[1] in through)
+                                         and (not only or run[0] in only)]
     command = "python bench/t1_end_to_end.py " + " ".join(sys.argv[1:])
     for control, name, rule in runs:
         options = dict(control_sps.options) if control and name == "sps" else {}
