@@ -50,10 +50,10 @@ WARMUP, WARMUP_TOKENS = 6, 32  # generations an adaptive drafter learns from bef
 PROBES = 20  # sampled seeds redrawn with the reference drafter to compare trees
 MIN_DRAWS = 50
 B = TreeRule.RECURSIVE_REJECTION
-# (control, method, rule): each through a method whose rule reaches it; the clean rule B run first, so the
-# sibling bias is judged against a walk that passes unpatched.
-CONTROL_RUNS = [(None, "eagle3", B), ("unnormalised-residual", "sps", None), ("reused-uniform", "sps", None),
-                ("sibling-bias", "eagle3", B), ("unnormalised-residual", "eagle3", B)]
+# (control, method, rule): each through a method whose rule reaches it; each method's clean run (SpS with the
+# controls' options) first, so a control is judged against a walk that passes unpatched.
+CONTROL_RUNS = [(None, "sps", None), ("unnormalised-residual", "sps", None), ("reused-uniform", "sps", None),
+                (None, "eagle3", B), ("sibling-bias", "eagle3", B), ("unnormalised-residual", "eagle3", B)]
 COLUMNS = ["run", "rules", "draws", "mean accepted", "chi2", "dof", "p positions", "p joint", "p", "TV 90% power",
            "TV 99% bound", "adapted", "verdict", "cpu", "git", "tokens", "prompt"]
 
@@ -196,17 +196,20 @@ def main() -> None:
         fail("--prompt is empty")
     prompt = target.tokenizer(args.prompt).input_ids
     law = ExactLaw(target, prompt, T1, max_rows=2048)
-    runs = [(None, m, None) for m in sorted(methods, key=lambda m: (m != VANILLA, m))]
+    runs = [(None, m, None, False) for m in sorted(methods, key=lambda m: (m != VANILLA, m))]
     through = [m for m in args.through.split(",") if m]
     try:
         control_sps = parse_spec("sps" + (f"@{args.control_sps}" if args.control_sps else ""), "--control-sps")
     except SpecbenchError as exc:
         fail(str(exc))
-    runs += [] if args.no_controls else [run for run in CONTROL_RUNS if (not through or run[1] in through)
-                                         and (not only or run[0] in only)]
+    chosen = [] if args.no_controls else [(c, n, r) for c, n, r in CONTROL_RUNS if not through or n in through]
+    if only:  # the chosen controls, and the clean runs of the methods they go through
+        chosen = [(c, n, r) for c, n, r in chosen if c in only or (c is None and any(
+            c2 in only and (n2, r2) == (n, r) for c2, n2, r2 in chosen))]
+    runs += [(c, n, r, True) for c, n, r in chosen]
     command = "python bench/t1_end_to_end.py " + " ".join(sys.argv[1:])
-    for control, name, rule in runs:
-        options = dict(control_sps.options) if control and name == "sps" else {}
+    for control, name, rule, for_controls in runs:
+        options = dict(control_sps.options) if for_controls and name == "sps" else {}
         label = name + "".join(f"@{k}={v}" for k, v in options.items()) + (f" (rule {rule.value})" if rule else "")
         try:
             drafter = create_drafter(name, options)
