@@ -184,6 +184,11 @@ def main() -> None:
     only = [c for c in args.controls.split(",") if c]
     if any(c not in CONTROLS for c in only):
         fail(f"unknown control in --controls {args.controls!r}; the controls: {', '.join(CONTROLS)}")
+    through = [m for m in args.through.split(",") if m]
+    try:
+        control_sps = parse_spec("sps" + (f"@{args.control_sps}" if args.control_sps else ""), "--control-sps")
+    except SpecbenchError as exc:
+        fail(str(exc))
     out = Path(args.out)
     if out.suffix != ".md":
         fail(f"--out {out} must end in .md (the CSV goes beside it)")
@@ -197,11 +202,6 @@ def main() -> None:
     prompt = target.tokenizer(args.prompt).input_ids
     law = ExactLaw(target, prompt, T1, max_rows=2048)
     runs = [(None, m, None, False) for m in sorted(methods, key=lambda m: (m != VANILLA, m))]
-    through = [m for m in args.through.split(",") if m]
-    try:
-        control_sps = parse_spec("sps" + (f"@{args.control_sps}" if args.control_sps else ""), "--control-sps")
-    except SpecbenchError as exc:
-        fail(str(exc))
     chosen = [] if args.no_controls else [(c, n, r) for c, n, r in CONTROL_RUNS if not through or n in through]
     if only:  # the chosen controls, and the clean runs of the methods they go through
         chosen = [(c, n, r) for c, n, r in chosen if c in only or (c is None and any(
