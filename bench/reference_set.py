@@ -10,6 +10,12 @@ fetch`), with transformers' assisted generation on the same pair as a parity run
     python bench/reference_set.py --only main --bench humaneval
     python bench/reference_set.py --forced            # the bf16 runs again with --check forced (results/forced/)
 
+Every group runs whole, in one working session, on one machine (its files then share a CPU and a commit):
+`--limit` (prompts per bench) is 8 so that the largest group, `main` in fp32 (12 sides on six benches), fits in
+one session on the slowest CPU class these machines have (about 115 min on a 2-core AMD Zen 4, about 75 on
+the Xeon with AMX; `--list` prints each group's recorded minutes). The T = 1 check of the main methods is a
+group of its own (`sampled`) for the same reason.
+
 Runs are grouped so that every claim of the papers is decided inside one file, where its sides were
 interleaved prompt by prompt in one process (see `specbench/analysis/orderings.py`). The drafters are the ones
 under `drafters/<target>/` (or `$SPECBENCH_DRAFTERS/<target>/`), the ablations' included; remove the old
@@ -174,7 +180,8 @@ ENGINE_GROUP = "engines"
 ENGINE_BENCHES = ("humaneval", "mt_bench")
 ENGINE_LIMIT = 8
 ENGINE_SIDES = ("sps", ["eagle3", "specblock", "ddtree", "pld", "suffix"])
-SAMPLED_BENCHES = ("mt_bench", "humaneval")  # the T = 1 check of the main methods
+SAMPLED_GROUP = "sampled"  # the T = 1 check of the main methods, a group apart from `main` (a session each)
+SAMPLED_BENCHES = ("mt_bench", "humaneval")
 SAMPLED_METHODS = ("specblock", ["eagle3", "sps", "dflash", "ddtree", "medusa"])
 
 
@@ -272,7 +279,7 @@ def plan(limit: int, repeats: int, stream_limit: int, passes: int,
             runs.append((out, ["run", *sides(*ENGINE_SIDES), "--bench", bench, "--limit", str(min(limit, ENGINE_LIMIT)),
                                "--engine", engine, "--temperature", "0", "--out", out, *common]))
     for bench in SAMPLED_BENCHES:
-        out = f"results/main_{bench}_{TARGET}_T1.jsonl"
+        out = f"results/{SAMPLED_GROUP}_{bench}_{TARGET}_T1.jsonl"
         runs.append((out, ["run", *sides(*SAMPLED_METHODS), "--bench", bench, "--limit", str(limit),
                            "--temperature", "1", "--out", out, *common]))
     return runs
@@ -401,7 +408,8 @@ def wait_until_idle(max_load: float, wait_minutes: float) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--limit", type=int, default=24, help="prompts per bench (MT-Bench: both turns of each)")
+    parser.add_argument("--limit", type=int, default=8,
+                        help="prompts per bench (MT-Bench: both turns of each); 8 fits the largest group in a session")
     parser.add_argument("--repeats", type=int, default=1, help="times each prompt turn is timed (median kept)")
     parser.add_argument("--stream-limit", type=int, default=8, help="prompts per part of the mixed stream")
     parser.add_argument("--passes", type=int, default=2, help="passes over the mixed stream")

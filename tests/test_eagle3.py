@@ -18,6 +18,7 @@ from specbench.engine.timing import PhaseTimer
 from specbench.training.batch import TrainBatch
 from specbench.training.vocab import build_vocab_mapping
 from specbench.engine.verify import SamplingParams
+from specbench.engine.target import Target
 from tiny import tiny_target
 
 LAYERS = 8  # taps (2, 4, 5): three distinct layers
@@ -256,6 +257,61 @@ def test_greedy_equals_baseline(target, trained, which, options):
         accepted += sum(record.accept_lengths)
     if which == "trained":
         assert accepted > 0
+
+
+def proposals(drafter, target, prompts, config) -> tuple[list, list]:
+    """Every tree the drafter proposed (tokens, parents, scores) over ``prompts``, and the texts written."""
+    trees, texts = [], []
+    propose = drafter.propose
+
+    def recording(state):
+        tree = propose(state)
+        trees.append((tree.token_list, tree.parent_list, tree.scores))
+        return tree
+
+    drafter.propose = recording
+    for prompt in prompts:
+        texts.append(generate(target, drafter, prompt, config).new_tokens)
+    return trees, texts
+
+
+@pytest.mark.parametrize("options", [SMALL, Eagle3Options()], ids=["small", "default"])
+def test_compiled_head_proposes_the_eager_heads_trees(target, trained, options):
+    """Under the compiled engine the head runs over a static buffer through compiled graphs: every tree, step
+    after step, has the eager head's tokens and parents and its scores within fp32 rounding, and the text is
+    vanilla's."""
+    fast = Target(target.model, target.tokenizer, target.name, engine="compiled")
+    compiled_head = ready(Eagle3Drafter(options, model=trained), fast)
+    eager_head = ready(Eagle3Drafter(options, model=trained), fast)
+    eager_head.head = None
+    assert compiled_head.head is not None
+    config = GenerationConfig(max_new_tokens=40)
+    trees, texts = proposals(compiled_head, fast, PROMPTS, config)
+    expected, eager_texts = proposals(eager_head, fast, PROMPTS, config)
+    assert texts == eager_texts == [baseline(target, p, config) for p in PROMPTS]
+    assert len(trees) == len(expected) > len(PROMPTS)
+    for (tokens, parents, scores), (want_tokens, want_parents, want_scores) in zip(trees, expected):
+        assert (tokens, parents) == (want_tokens, want_parents)
+        torch.testing.assert_close(scores, want_scores, atol=1e-4, rtol=0)
+    assert compiled_head.head.built == {"one", "many", "level"}
+
+
+def test_compiled_head_builds_its_graphs_once_outside_the_clock(target, trained):
+    fast = Target(target.model, target.tokenizer, target.name, engine="compiled")
+    drafter = ready(Eagle3Drafter(SMALL, model=trained), fast)
+    config = GenerationConfig(max_new_tokens=30)
+    generate(fast, drafter, PROMPTS[0], config)  # the target's graphs and the head's, built
+    builds = []
+    build = drafter.head._build
+    drafter.head._build = lambda key, timer: (builds.append(key), build(key, timer))
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    record = generate(fast, drafter, PROMPTS[2], config)
+    assert builds == [] and record.outside_clock == {}
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs  # no recompile inside the clock
+    drafter.head.reserve(drafter.head.capacity + 1)  # a request past the buffer: a wider one, graphs again
+    record = generate(fast, drafter, PROMPTS[1], config)
+    assert set(builds) >= {"many", "level"} and record.outside_clock.get("graph_compile", 0) > 0
+    assert record.new_tokens == baseline(target, PROMPTS[1], config)
 
 
 def test_sampling_runs_and_is_reproducible(target, trained):

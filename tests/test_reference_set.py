@@ -270,6 +270,21 @@ def test_a_planned_run_resumes_only_a_file_on_disk(tmp_path, monkeypatch):
         assert module.resuming(out, argv) == argv
 
 
+def test_the_main_group_and_its_sampled_check_are_groups_a_session_can_run(monkeypatch):
+    """The script's default is 8 prompts per bench (the largest group, main fp32, fits one session on the slowest
+    CPU class), and the T = 1 check of the main methods is a group of its own, apart from main."""
+    module, _ = load_plan()
+    plan = module.plan
+    monkeypatch.setattr("sys.argv", ["reference_set.py", "--list"])
+    captured = {}
+    monkeypatch.setattr(module, "plan", lambda limit, *args, **kwargs: captured.setdefault("limit", limit) and [])
+    module.main()
+    assert captured["limit"] == 8
+    runs = plan(limit=8, repeats=1, stream_limit=8, passes=2)
+    groups = {module.group_of(out) for out, argv in runs if argv[0] == "run" and argv[argv.index("--temperature") + 1] == "1"}
+    assert groups == {module.SAMPLED_GROUP}
+    assert not any(module.group_of(out) == "main" and out.endswith("_T1.jsonl") for out, _ in runs)
+
 def test_the_forced_runs_are_the_greedy_one_request_bf16_runs_with_the_check_in_their_own_folder(monkeypatch):
     """`--forced` re-runs every bf16 file the divergence table judges (the pair's too, where it is bf16) with
     `--check forced`, changing nothing else, into results/forced/ (out of the report's default glob)."""

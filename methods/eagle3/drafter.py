@@ -34,6 +34,7 @@ from torch import nn
 
 from methods.checkpoints import check_layer_shapes, load_checked, load_ours_or_published, save_ours, shipped_drafter
 from methods.checkpoints import read_published_weights  # whole or sharded weights
+from methods.eagle3.compiled_head import CompiledHead, log_probs
 from methods.layers import (KV, DecoderLayer, LayerShapes, RMSNorm, Rotary, official_layer_shapes, repeat_kv,
                             target_layer_shapes)
 from methods.speculators_layout import is_speculators, speculators_eagle3, speculators_keys
@@ -370,6 +371,9 @@ class Eagle3Drafter(Drafter):
         self.model.to(device=target.device, dtype=target.dtype).eval()
         self.taps = self.model.taps
         self.k = min(self.options.top_k, self.model.config.draft_vocab_size)
+        # the compiled engine: the head's forwards too, over a static buffer (compiled_head.py)
+        compiled = getattr(target, "engine", "eager") == "compiled"
+        self.head = CompiledHead(self.model, self.k, self.options.depth) if compiled else None
 
     def begin(self, state: DecodeState, prefill: TargetOutput) -> None:
         cfg = self.model.config
@@ -377,11 +381,13 @@ class Eagle3Drafter(Drafter):
                             dtype=self.model.dtype)
         self.stable: KV = (empty, empty)  # committed positions only
         self.pending = self.model.features(prefill.taps)  # taps of committed positions not yet encoded
+        if self.head is not None:
+            self.head.reset(self.target.static.cache.capacity)
 
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> DraftTree:
-        last_hidden = self._encode_committed(state)
-        tokens, parents, scores = self._grow(last_hidden, state)
+        last_hidden, first = self._encode_committed(state)
+        tokens, parents, scores = self._grow(last_hidden, first, state)
         with state.timer.phase("tree_build"):
             return candidates_to_tree(self.model.to_target_ids(tokens).cpu(), parents.cpu(), scores.float().cpu(),
                                       self.options.total_tokens - 1)
@@ -391,23 +397,47 @@ class Eagle3Drafter(Drafter):
         # the kept rows' taps (root + accepted) are the features of the next positions to encode.
         self.pending = self.model.features(result.taps)
 
-    def _encode_committed(self, state: DecodeState) -> torch.Tensor:
+    def _committed(self) -> int:
+        """Committed positions encoded (drafter position j holds token j + 1)."""
+        return self.head.rows if self.head is not None else self.stable[0].shape[2]
+
+    def _encode_committed(self, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor]:
         """Encode pairs (features j, token j+1) for the new committed positions; return the last
-        output hidden (features n-2 with the bonus), which proposes depth 1."""
-        start = self.stable[0].shape[2]
+        output hidden (features n-2 with the bonus), which proposes depth 1, and its log-probabilities."""
+        start = self._committed()
         device = self.target.device
         ids = torch.tensor([state.tokens[start + 1:]], device=device)
         positions = torch.arange(start, start + ids.shape[1], device=device)[None]
         with state.timer.forward("drafter"):
-            out, self.stable = self.model(self.pending[None], ids, positions, past=self.stable)
+            if self.head is not None:
+                last, first = self.head.encode(self.pending, ids[0], state.timer)
+            else:
+                out, self.stable = self.model(self.pending[None], ids, positions, past=self.stable)
+                last, first = out[0, -1], self._log_probs(out[0, -1:])[0]
         self.pending = self.pending[:0]
-        return out[0, -1]
+        return last, first
 
-    def _grow(self, last_hidden: torch.Tensor, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _level(self, front: _Frontier, kv: KV, committed: int, step: int, state: DecodeState
+               ) -> tuple[torch.Tensor, torch.Tensor, KV]:
+        """One tree level's forward: every frontier node's output hidden [k, H] and log-probabilities."""
+        m, k, device = self.model, self.k, front.draft_ids.device
+        ids = m.to_target_ids(front.draft_ids)
+        with state.timer.forward("drafter"):
+            if self.head is not None:
+                out, logp = self.head.level(front.hidden, ids, step, front.ancestors, state.timer)
+                return out, logp, kv
+            eye = torch.eye(k, dtype=torch.bool, device=device)
+            visible = torch.cat([torch.ones(k, committed, dtype=torch.bool, device=device), front.ancestors, eye], 1)
+            out, kv = m(front.hidden[None], ids[None], torch.full((1, k), committed + step, device=device), past=kv,
+                        visible=visible)
+        return out[0], self._log_probs(out[0]), kv
+
+    def _grow(self, last_hidden: torch.Tensor, first_logp: torch.Tensor, state: DecodeState
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Record every candidate of ``depth`` frontier expansions: (draft ids, parent candidate
         index or -1, cumulative log-prob), in topological order."""
-        k, m = self.k, self.model
-        scores, ids = self._log_probs(last_hidden[None])[0].topk(k)
+        k = self.k
+        scores, ids = first_logp.topk(k)
         device = ids.device
         eye = torch.eye(k, dtype=torch.bool, device=device)
         tokens, parents, all_scores = [ids], [torch.full_like(ids, -1)], [scores]
@@ -415,13 +445,10 @@ class Eagle3Drafter(Drafter):
                           torch.zeros(k, 0, dtype=torch.bool, device=device))
         kv = self.stable
         # Drafter position j holds token j+1, so a depth-d node sits at (stable length) + d - 1.
-        committed = kv[0].shape[2]
+        committed = self._committed()
         for step in range(self.options.depth):
-            visible = torch.cat([torch.ones(k, committed, dtype=torch.bool, device=device), front.ancestors, eye], 1)
-            with state.timer.forward("drafter"):
-                out, kv = m(front.hidden[None], m.to_target_ids(front.draft_ids)[None],
-                            torch.full((1, k), committed + step, device=device), past=kv, visible=visible)
-            child_lp, child_ids = self._log_probs(out[0]).topk(k)
+            out, logp, kv = self._level(front, kv, committed, step, state)
+            child_lp, child_ids = logp.topk(k)
             cumulative = (front.scores[:, None] + child_lp).reshape(-1)
             first = sum(t.numel() for t in tokens)  # candidate index of this level's first child
             tokens.append(child_ids.reshape(-1))
@@ -429,13 +456,12 @@ class Eagle3Drafter(Drafter):
             all_scores.append(cumulative)
             best_scores, best = cumulative.topk(k)  # the next frontier: global top_k of the k*k children
             rows = best // k
-            front = _Frontier(child_ids.reshape(-1)[best], out[0, rows], best_scores, first + best,
+            front = _Frontier(child_ids.reshape(-1)[best], out[rows], best_scores, first + best,
                               torch.cat([front.ancestors, eye], 1)[rows])
         return torch.cat(tokens), torch.cat(parents), torch.cat(all_scores)
 
     def _log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
-        # log_softmax <= 0 keeps scores non-increasing along paths (select_nodes relies on it).
-        return self.model.logits(hidden).float().log_softmax(-1).clamp(max=0.0)
+        return log_probs(self.model, hidden)
 
     # ---- batches: every request's encode and every depth in one forward -------------------------
     batched_drafting = True

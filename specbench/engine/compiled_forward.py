@@ -45,8 +45,9 @@ def bucket(rows: int) -> int:
     raise ValueError(f"{rows} rows exceed the largest bucket ({BUCKETS[-1]}); split them")
 
 
-def _configure_compiler() -> None:
-    """The compiler's cache in the package's cache folder and no silent eager fallback."""
+def configure_compiler(device_type: str | None = None) -> None:
+    """The compiler's cache in the package's cache folder and no silent eager fallback; with a CPU
+    ``device_type``, the CPU graph settings of the tuning level (``CPU_OPTIONS``) too."""
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
     config = torch._dynamo.config
     for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
@@ -55,6 +56,8 @@ def _configure_compiler() -> None:
             setattr(config, name, max(getattr(config, name), GRAPH_LIMIT))
     if hasattr(config, "fail_on_recompile_limit_hit"):
         config.fail_on_recompile_limit_hit = True
+    if device_type is not None and device_type != "cuda" and tuning_level():
+        _configure_cpu()
 
 
 def _forward(model, cache, keyword: str, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor):
@@ -116,8 +119,7 @@ def _compiled(device_type: str):
         if device_type == "cuda":
             _COMPILED[device_type] = torch.compile(_forward, mode="reduce-overhead", dynamic=False)
         else:
-            if tuning_level():
-                _configure_cpu()
+            configure_compiler(device_type)
             _COMPILED[device_type] = torch.compile(_forward)
     return _COMPILED[device_type]
 
@@ -130,7 +132,7 @@ class CompiledForward:
     weights must not change once its graphs are built."""
 
     def __init__(self, model, capacity: int, max_context: int) -> None:
-        _configure_compiler()
+        configure_compiler()
         self.model = model
         weight = model.get_input_embeddings().weight
         self.device, self.dtype = weight.device, weight.dtype
