@@ -296,21 +296,38 @@ def test_compiled_head_proposes_the_eager_heads_trees(target, trained, options):
     assert compiled_head.head.built == {"one", "many", "level"}
 
 
-def test_compiled_head_builds_its_graphs_once_outside_the_clock(target, trained):
+def test_compiled_head_compiles_only_inside_its_builds(target, trained):
+    """Every graph the head compiles is compiled inside ``_build`` (outside the clock), from the first request on:
+    no real call recompiles (dynamo's unique-graph counter moves only inside builds); a second request builds
+    nothing; a request past the buffer builds again, outside the clock."""
     fast = Target(target.model, target.tokenizer, target.name, engine="compiled")
-    drafter = ready(Eagle3Drafter(SMALL, model=trained), fast)
     config = GenerationConfig(max_new_tokens=30)
-    generate(fast, drafter, PROMPTS[0], config)  # the target's graphs and the head's, built
-    builds = []
+    vanilla = VanillaDrafter()
+    vanilla.setup(fast)
+    generate(fast, vanilla, PROMPTS[0], config)  # the target's two graphs, built
+    drafter = ready(Eagle3Drafter(SMALL, model=trained), fast)
+    counter = torch._dynamo.utils.counters["stats"]
+    builds, inside = [], [0]
     build = drafter.head._build
-    drafter.head._build = lambda key, timer: (builds.append(key), build(key, timer))
-    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-    record = generate(fast, drafter, PROMPTS[2], config)
-    assert builds == [] and record.outside_clock == {}
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs  # no recompile inside the clock
+
+    def counted(key, timer):
+        before = counter["unique_graphs"]
+        builds.append(key)
+        build(key, timer)
+        inside[0] += counter["unique_graphs"] - before
+
+    drafter.head._build = counted
+    for prompt in PROMPTS:
+        before, built = counter["unique_graphs"], len(builds)
+        inside[0] = 0
+        record = generate(fast, drafter, prompt, config)
+        assert counter["unique_graphs"] - before == inside[0], prompt  # nothing compiled inside the clock
+        assert record.new_tokens == baseline(target, prompt, config)
+        assert (record.outside_clock == {}) == (len(builds) == built)
+    assert sorted(builds) == ["level", "many", "one"]  # each graph built once, in the first request
     drafter.head.reserve(drafter.head.capacity + 1)  # a request past the buffer: a wider one, graphs again
     record = generate(fast, drafter, PROMPTS[1], config)
-    assert set(builds) >= {"many", "level"} and record.outside_clock.get("graph_compile", 0) > 0
+    assert set(builds[3:]) >= {"many", "level"} and record.outside_clock.get("graph_compile", 0) > 0
     assert record.new_tokens == baseline(target, PROMPTS[1], config)
 
 

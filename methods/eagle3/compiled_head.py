@@ -23,7 +23,7 @@ from specbench.engine.compiled_forward import CAPACITY_STEP, configure_compiler
 from specbench.engine.timing import NULL_TIMER, PhaseTimer
 
 SPARE = 16  # columns past the capacity that the dummy rows of a graph build write (at most top_k of them)
-_COMPILED: dict[str, object] = {}  # device type -> the compiled head step, one per process (graphs keyed by guards)
+_COMPILED: dict[tuple[str, str], object] = {}  # (device type, graph) -> its compiled function, one per process
 
 
 def log_probs(model, hidden: torch.Tensor) -> torch.Tensor:
@@ -53,12 +53,30 @@ def head_step(model, keys: torch.Tensor, values: torch.Tensor, hidden: torch.Ten
     return out, log_probs(model, out[:, -1:] if last_only else out)
 
 
-def _compiled(device_type: str):
-    """A module-level compiled function (not a bound method), so a deep copy of the drafter runs its own model."""
-    if device_type not in _COMPILED:
+def _one_row(*args):
+    return head_step(*args)
+
+
+def _rows(*args):
+    return head_step(*args)
+
+
+def _level(*args):
+    return head_step(*args)
+
+
+# One function per graph: the compiler keeps its cache and its record of the shapes seen per code object, so
+# the shapes of one graph's calls never make another's dimensions dynamic (a recompile inside the clock).
+_GRAPHS = {"one": _one_row, "many": _rows, "level": _level}
+
+
+def _compiled(device_type: str, key: str):
+    """The compiled function of graph ``key``: module level (not a bound method), so a deep copy of the drafter
+    runs its own model; the symbolic-rows graph dynamic where its build marked it, the others static."""
+    if (device_type, key) not in _COMPILED:
         configure_compiler(device_type)
-        _COMPILED[device_type] = torch.compile(head_step)
-    return _COMPILED[device_type]
+        _COMPILED[device_type, key] = torch.compile(_GRAPHS[key], dynamic=None if key == "many" else False)
+    return _COMPILED[device_type, key]
 
 
 class CompiledHead:
@@ -115,8 +133,8 @@ class CompiledHead:
             for tensor, dim in ((hidden, 1), (ids, 1), (positions, 1), (mask, 2), (slots, 0)):
                 torch._dynamo.mark_dynamic(tensor, dim, min=2, max=self.capacity)
         with timer.paused("graph_compile"):
-            _compiled(self.device.type)(self.model, self.keys, self.values, hidden, ids, positions, slots, mask,
-                                        key != "level")
+            _compiled(self.device.type, key)(self.model, self.keys, self.values, hidden, ids, positions, slots, mask,
+                                             key != "level")
         self.built.add(key)
 
     def _run(self, hidden, ids, positions, start: int, visible: torch.Tensor, last_only: bool, timer: PhaseTimer):
@@ -127,8 +145,8 @@ class CompiledHead:
         slots = torch.arange(start, start + n, device=self.device)
         mask = torch.full((1, 1, n, self.width), self.floor, dtype=self.dtype, device=self.device)
         mask[0, 0, :, :start + n].masked_fill_(visible, 0)
-        return _compiled(self.device.type)(self.model, self.keys, self.values, hidden, ids, positions, slots, mask,
-                                           last_only)
+        return _compiled(self.device.type, key)(self.model, self.keys, self.values, hidden, ids, positions, slots,
+                                                mask, last_only)
 
     @torch.no_grad()
     def encode(self, features: torch.Tensor, ids: torch.Tensor, timer: PhaseTimer = NULL_TIMER
