@@ -92,6 +92,8 @@ parity:
 
 report:
 	$(VENV)/bin/specbench report --show
+	# the forced-check twins of the bf16 runs (results/forced/): the divergence table with its forced columns
+	$(VENV)/bin/specbench report 'results/forced/*.jsonl' --out-dir reports/forced
 
 clean:
 	rm -rf $(VENV) build *.egg-info
