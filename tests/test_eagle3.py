@@ -275,7 +275,8 @@ def proposals(drafter, target, prompts, config) -> tuple[list, list]:
     return trees, texts
 
 
-@pytest.mark.parametrize("options", [SMALL, Eagle3Options()], ids=["small", "default"])
+@pytest.mark.parametrize("options", [SMALL, Eagle3Options(), Eagle3Options(top_k=20, depth=2, total_tokens=30)],
+                         ids=["small", "default", "wide"])
 def test_compiled_head_proposes_the_eager_heads_trees(target, trained, options):
     """Under the compiled engine the head runs over a static buffer through compiled graphs: every tree, step
     after step, has the eager head's tokens and parents and its scores within fp32 rounding, and the text is

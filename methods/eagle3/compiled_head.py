@@ -3,7 +3,7 @@
 Eagerly the head concatenates its cache at every forward: the committed rows, then each tree level's ten rows,
 a fresh tensor per level, and the framework's per-call overhead dominates a one-layer forward of ten rows. Under
 ``--engine compiled`` (docs/methods.md#eagle-3) its keys and values live in one buffer per K and V of fixed width,
-[1, kv_heads, capacity + SPARE, head_dim]: committed rows at columns [0, rows), a proposal's tree levels right
+[1, kv_heads, capacity + spare, head_dim]: committed rows at columns [0, rows), a proposal's tree levels right
 after them (the eager layout, so a node sees the same keys in the same order), and a build's dummy rows in the
 spare columns past ``capacity``, which no real row sees. Tree rows are never kept: the next encode overwrites them.
 
@@ -22,7 +22,6 @@ from methods.layers import repeat_kv
 from specbench.engine.compiled_forward import CAPACITY_STEP, configure_compiler
 from specbench.engine.timing import NULL_TIMER, PhaseTimer
 
-SPARE = 16  # columns past the capacity that the dummy rows of a graph build write (at most top_k of them)
 _COMPILED: dict[tuple[str, str], object] = {}  # (device type, graph) -> its compiled function, one per process
 
 
@@ -83,9 +82,8 @@ class CompiledHead:
     """The head's static buffers and graphs for one request at a time; ``rows`` counts the committed columns."""
 
     def __init__(self, model, top_k: int, depth: int) -> None:
-        if top_k > SPARE:
-            raise ValueError(f"top_k {top_k} exceeds the head's {SPARE} spare columns")
         self.model, self.top_k, self.depth = model, top_k, depth
+        self.spare = max(top_k, 2)  # columns past the capacity for a build's dummy rows (a level's, or two)
         self.device, self.dtype = model.fc.weight.device, model.dtype
         self.floor = torch.finfo(self.dtype).min
         self.capacity, self.rows = 0, 0
@@ -93,7 +91,7 @@ class CompiledHead:
 
     @property
     def width(self) -> int:
-        return self.capacity + SPARE
+        return self.capacity + self.spare
 
     def reset(self, context: int) -> None:
         """A new request whose committed positions stay within ``context`` (the target's reserved columns)."""
@@ -107,7 +105,7 @@ class CompiledHead:
             return
         capacity = -(-needed // CAPACITY_STEP) * CAPACITY_STEP
         cfg = self.model.config
-        shape = (1, cfg.num_key_value_heads, capacity + SPARE, cfg.head_dim)
+        shape = (1, cfg.num_key_value_heads, capacity + self.spare, cfg.head_dim)
         keys = torch.zeros(shape, dtype=self.dtype, device=self.device)
         values = torch.zeros(shape, dtype=self.dtype, device=self.device)
         if self.capacity:  # growing mid-request: the committed rows move over
