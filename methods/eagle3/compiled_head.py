@@ -160,15 +160,14 @@ class CompiledHead:
         return out[0, -1], logp[0, -1]
 
     @torch.no_grad()
-    def level(self, hidden: torch.Tensor, ids: torch.Tensor, step: int, ancestors: torch.Tensor,
+    def level(self, hidden: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
               timer: PhaseTimer = NULL_TIMER) -> tuple[torch.Tensor, torch.Tensor]:
-        """Tree level ``step``: ``top_k`` nodes (parents' output hidden [k, H], target ids [k]) at position
-        rows + step, each seeing the committed rows, its ``ancestors`` [k, step * k] among the earlier levels'
-        rows and itself. Returns the output hidden [k, H] and draft log-probabilities [k, draft V]."""
-        k, start = ids.shape[0], self.rows + step * self.top_k
-        positions = torch.full((1, k), self.rows + step, device=self.device)
-        eye = torch.eye(k, dtype=torch.bool, device=self.device)
-        visible = torch.cat([torch.ones(k, self.rows, dtype=torch.bool, device=self.device), ancestors, eye], 1)
+        """One tree level of ``top_k`` nodes (parents' output hidden [k, H], target ids [k], positions [1, k]) written
+        after the committed rows and the earlier levels; ``visible`` [k, columns so far + k] says what each node
+        sees (``Eagle3Drafter._level`` builds it for both engines). Returns the output hidden [k, H] and draft
+        log-probabilities [k, draft V]."""
+        k = ids.shape[0]
+        start = visible.shape[1] - k
         # contiguous: the first level's parents are one row expanded, and a graph is specialised to its strides
         out, logp = self._run(hidden[None].contiguous(), ids[None], positions, start, visible, False, timer)
         return out[0], logp[0]

@@ -417,19 +417,19 @@ class Eagle3Drafter(Drafter):
         self.pending = self.pending[:0]
         return last, first
 
-    def _level(self, front: _Frontier, kv: KV, committed: int, step: int, state: DecodeState
+    def _level(self, front: _Frontier, kv: KV, committed: int, step: int, eye: torch.Tensor, state: DecodeState
                ) -> tuple[torch.Tensor, torch.Tensor, KV]:
-        """One tree level's forward: every frontier node's output hidden [k, H] and log-probabilities."""
+        """One tree level's forward: every frontier node's output hidden [k, H] and log-probabilities. A node
+        sees the committed positions, its ancestors among the earlier levels and itself."""
         m, k, device = self.model, self.k, front.draft_ids.device
         ids = m.to_target_ids(front.draft_ids)
+        visible = torch.cat([torch.ones(k, committed, dtype=torch.bool, device=device), front.ancestors, eye], 1)
+        positions = torch.full((1, k), committed + step, device=device)
         with state.timer.forward("drafter"):
             if self.head is not None:
-                out, logp = self.head.level(front.hidden, ids, step, front.ancestors, state.timer)
+                out, logp = self.head.level(front.hidden, ids, positions, visible, state.timer)
                 return out, logp, kv
-            eye = torch.eye(k, dtype=torch.bool, device=device)
-            visible = torch.cat([torch.ones(k, committed, dtype=torch.bool, device=device), front.ancestors, eye], 1)
-            out, kv = m(front.hidden[None], ids[None], torch.full((1, k), committed + step, device=device), past=kv,
-                        visible=visible)
+            out, kv = m(front.hidden[None], ids[None], positions, past=kv, visible=visible)
         return out[0], self._log_probs(out[0]), kv
 
     def _grow(self, last_hidden: torch.Tensor, first_logp: torch.Tensor, state: DecodeState
@@ -447,7 +447,7 @@ class Eagle3Drafter(Drafter):
         # Drafter position j holds token j+1, so a depth-d node sits at (stable length) + d - 1.
         committed = self._committed()
         for step in range(self.options.depth):
-            out, logp, kv = self._level(front, kv, committed, step, state)
+            out, logp, kv = self._level(front, kv, committed, step, eye, state)
             child_lp, child_ids = logp.topk(k)
             cumulative = (front.scores[:, None] + child_lp).reshape(-1)
             first = sum(t.numel() for t in tokens)  # candidate index of this level's first child
